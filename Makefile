@@ -1,0 +1,39 @@
+# The two commands a user needs: `make demo` and `make test`. Both bootstrap .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint proto bench clean
+
+$(STAMP): setup.py constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[tf,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dlrover submit examples/tf/job.yaml --kill worker:1@50% --summary-json demo-summary.json
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q tests
+
+# Skips the slow end-to-end tests (CI still runs them through `make test`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+proto: $(STAMP)
+	$(BIN)/python tools/gen_proto.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/sharding.py
+	$(BIN)/python benchmarks/tf_hooks.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

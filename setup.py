@@ -1,0 +1,27 @@
+"""Packaging for the elastic trainer: the master, the TF and torch integrations."""
+
+from setuptools import find_packages, setup
+
+TF = ["tensorflow-cpu==2.15.1", "tensorflow-estimator==2.15.0", "keras==2.15.0", "numpy==1.26.4"]
+TORCH = ["torch==2.13.0"]
+RAY = ["ray==2.60.0"]
+K8S = ["kubernetes"]
+DEV = ["pytest", "pytest-timeout", "hypothesis", "ruff", "grpcio-tools==1.62.3"]
+
+setup(
+    name="dlrover-elastic",
+    version="0.1.0",
+    description="Elastic distributed training: a per-job master for TensorFlow PS and PyTorch jobs",
+    python_requires=">=3.10",
+    packages=find_packages(include=["master", "master.*", "dlrover_tf", "dlrover_tf.*"]),
+    install_requires=["grpcio>=1.60", "protobuf>=4.25,<5", "psutil", "pyyaml"],
+    extras_require={
+        "tf": TF,
+        "torch": TORCH,
+        "ray": RAY,
+        "k8s": K8S,
+        "all": TF + TORCH + RAY + K8S,
+        "dev": DEV,
+    },
+    entry_points={"console_scripts": ["dlrover=master.cli:main"]},
+)
