@@ -1,0 +1,14 @@
+"""TensorFlow integration: sharded input from the master and step-granular progress reports."""
+
+from dlrover_tf.dataset import ShardedDataset
+
+__all__ = ["ShardedDataset", "ShardProgressCallback", "ShardProgressHook"]
+
+
+def __getattr__(name: str):
+    # The hooks import TensorFlow; load them only when asked for.
+    if name in ("ShardProgressHook", "ShardProgressCallback"):
+        from dlrover_tf import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module 'dlrover_tf' has no attribute {name!r}")

@@ -1,0 +1,7 @@
+"""`python -m master JOB.yaml` runs a job's master (same as `dlrover master`)."""
+
+import sys
+
+from master.cli import main
+
+sys.exit(main(["master", *sys.argv[1:]]))

@@ -1,0 +1,97 @@
+"""The `dlrover` command: submit a job, run a master, or show a running job's status."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from master.config import SpecError, load_job_spec
+from master.faults import FaultSpecError, parse_fault
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dlrover", description="Elastic distributed training master")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    for name, help_text in (
+        ("submit", "run a job from its YAML spec on the local platform, with live progress"),
+        ("master", "run a job's master without the live display (for containers and scripts)"),
+    ):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("job_yaml", help="the job spec (see README: 'The job YAML')")
+        s.add_argument("--platform", default="local", choices=["local"], help="where nodes run")
+        s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
+        s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
+        s.add_argument("--run-dir", default="", help="logs, state and model dir of this run")
+        s.add_argument("--summary-json", default="", help="write the job summary here at the end")
+        s.add_argument(
+            "--kill",
+            action="append",
+            default=[],
+            metavar="TYPE:RANK@WHEN",
+            help="fault injection: kill a node when WHEN is reached: 50%% (of all records), "
+            "30s (after start) or step=1000; e.g. worker:1@50%%. May repeat.",
+        )
+        s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
+        s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
+
+    st = sub.add_parser("status", help="print the status of a running job")
+    st.add_argument("--addr", required=True, help="master host:port")
+    st.add_argument("--token-file", required=True, help="the run's .job_token file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "status":
+        return _status(args)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.cmd == "master" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = load_job_spec(args.job_yaml)
+        faults = tuple(parse_fault(k) for k in args.kill)
+    except (SpecError, FaultSpecError) as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    from master.submit import SubmitOptions, run_job
+
+    opts = SubmitOptions(
+        host=args.host,
+        port=args.port,
+        run_dir=args.run_dir,
+        summary_json=args.summary_json,
+        faults=faults,
+        status_interval=args.status_interval,
+        quiet=args.cmd == "master",
+    )
+    try:
+        return run_job(spec, opts)
+    except OSError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _status(args: argparse.Namespace) -> int:
+    from master.client import MasterClient, MasterError, read_token
+
+    try:
+        token = read_token({"DLROVER_JOB_TOKEN_FILE": args.token_file})
+        client = MasterClient(args.addr, token, retry_seconds=2.0, call_timeout=5.0)
+        status = client.job_status()
+    except MasterError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    print(f"job {status.name}: {status.status} {status.reason}".rstrip())
+    print(f"  global step {status.global_step}, {status.elapsed_seconds:.1f}s")
+    for d in status.datasets:
+        print(f"  dataset {d.name}: {d.records_done:,}/{d.size * d.epochs:,} records done")
+    for n in status.nodes:
+        print(f"  {n.type}-{n.rank} id {n.id}: {n.status} {n.exit_reason} {n.address}".rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""The one client library every node uses to talk to the master."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+
+log = logging.getLogger(__name__)
+
+TOKEN_METADATA_KEY = "x-dlrover-token"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+ENV_MASTER_ADDR = "DLROVER_MASTER_ADDR"
+ENV_NODE_TYPE = "DLROVER_NODE_TYPE"
+ENV_NODE_RANK = "DLROVER_NODE_RANK"
+ENV_NODE_ID = "DLROVER_NODE_ID"
+ENV_JOB_TOKEN = "DLROVER_JOB_TOKEN"
+ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
+
+T = TypeVar("T")
+
+
+class MasterError(RuntimeError):
+    """A call to the master failed; the message says what to check."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StaleNodeError(MasterError):
+    """The master no longer accepts this node incarnation or shard (FAILED_PRECONDITION)."""
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Who a node is: type, stable rank, and the id of this incarnation."""
+
+    type: str
+    rank: int
+    id: int
+
+    def to_pb(self) -> common_pb2.NodeRef:
+        return common_pb2.NodeRef(type=self.type, rank=self.rank, id=self.id)
+
+
+def read_token(env: Mapping[str, str]) -> str:
+    """The job token from DLROVER_JOB_TOKEN_FILE (preferred) or DLROVER_JOB_TOKEN."""
+    path = env.get(ENV_JOB_TOKEN_FILE, "")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as e:
+            raise MasterError(
+                f"cannot read the job token file {path!r} named by {ENV_JOB_TOKEN_FILE}: {e}"
+            ) from e
+    return env.get(ENV_JOB_TOKEN, "")
+
+
+class MasterClient:
+    """Typed calls to the master over gRPC, retried with backoff while it is unreachable."""
+
+    def __init__(
+        self,
+        addr: str,
+        token: str,
+        node: NodeIdentity | None = None,
+        call_timeout: float = 30.0,
+        retry_seconds: float = 60.0,
+    ) -> None:
+        self.addr = addr
+        self.node = node
+        self.call_timeout = call_timeout
+        self.retry_seconds = retry_seconds
+        self._metadata = ((TOKEN_METADATA_KEY, token),)
+        self._channel = grpc.insecure_channel(
+            addr,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.keepalive_time_ms", 10_000),
+            ],
+        )
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MasterClient:
+        """Build the client from the DLROVER_* variables the master gave this node."""
+        env = os.environ if env is None else env
+        addr = env.get(ENV_MASTER_ADDR, "")
+        if not addr:
+            raise MasterError(
+                f"{ENV_MASTER_ADDR} is not set: this process was not started by a dlrover master. "
+                "Run it through `dlrover submit JOB.yaml`, or set "
+                f"{ENV_MASTER_ADDR}=host:port and {ENV_JOB_TOKEN_FILE}."
+            )
+        node = None
+        if env.get(ENV_NODE_TYPE):
+            try:
+                node = NodeIdentity(
+                    type=env[ENV_NODE_TYPE],
+                    rank=int(env.get(ENV_NODE_RANK, "0")),
+                    id=int(env.get(ENV_NODE_ID, "0")),
+                )
+            except ValueError as e:
+                raise MasterError(f"{ENV_NODE_RANK} and {ENV_NODE_ID} must be integers: {e}") from e
+        return cls(addr, read_token(env), node)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _node_pb(self) -> common_pb2.NodeRef:
+        return self.node.to_pb() if self.node else common_pb2.NodeRef()
+
+    def _call(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
+        """One RPC; UNAVAILABLE is retried with jittered backoff for up to retry_seconds."""
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                return method(
+                    request, timeout=timeout or self.call_timeout, metadata=self._metadata
+                )
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise self._translate(e) from None
+
+    def _translate(self, e: grpc.RpcError) -> MasterError:
+        code, details = e.code(), e.details()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return MasterError(
+                f"cannot reach the master at {self.addr} ({details}). Is the job still running? "
+                f"Check {ENV_MASTER_ADDR}.",
+                code,
+            )
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return MasterError(
+                f"the master at {self.addr} refused the job token ({details}). "
+                f"Use the token of this job ({ENV_JOB_TOKEN_FILE}).",
+                code,
+            )
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return StaleNodeError(f"master: {details}", code)
+        return MasterError(f"master call failed: {code.name}: {details}", code)
+
+    # -- nodes --------------------------------------------------------------
+
+    def register(self, host: str, pid: int) -> nodes_pb2.RegisterReply:
+        req = nodes_pb2.RegisterRequest(node=self._node_pb(), host=host, pid=pid)
+        return self._call(self._stub.RegisterNode, req)
+
+    def heartbeat(
+        self, stats: nodes_pb2.ResourceStats | None = None, global_step: int = 0
+    ) -> list[nodes_pb2.Command]:
+        req = nodes_pb2.HeartbeatRequest(
+            node=self._node_pb(), stats=stats or nodes_pb2.ResourceStats(), global_step=global_step
+        )
+        return list(self._call(self._stub.Heartbeat, req).commands)
+
+    def report_exit(self, exit_code: int, reason: int, message: str = "") -> None:
+        req = nodes_pb2.ExitReport(
+            node=self._node_pb(), exit_code=exit_code, reason=reason, message=message[-4000:]
+        )
+        self._call(self._stub.ReportExit, req)
+
+    def job_status(self) -> nodes_pb2.JobStatus:
+        return self._call(self._stub.GetJobStatus, common_pb2.Empty())
+
+    def cluster_spec(self) -> cluster_pb2.ClusterSpec:
+        return self._call(self._stub.GetClusterSpec, self._node_pb())
+
+    # -- data ---------------------------------------------------------------
+
+    def create_dataset(self, spec: data_pb2.DatasetSpec) -> bool:
+        req = data_pb2.CreateDatasetRequest(node=self._node_pb(), spec=spec)
+        return self._call(self._stub.CreateDataset, req).created
+
+    def get_shard(self, dataset: str, wait_ms: int = 0) -> data_pb2.GetShardReply:
+        req = data_pb2.GetShardRequest(node=self._node_pb(), dataset=dataset, wait_ms=wait_ms)
+        return self._call(self._stub.GetShard, req, timeout=self.call_timeout + wait_ms / 1000)
+
+    def _progress_request(
+        self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int
+    ) -> data_pb2.ReportProgressRequest:
+        return data_pb2.ReportProgressRequest(
+            node=self._node_pb(),
+            dataset=dataset,
+            reports=[data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in reports],
+            global_step=global_step,
+        )
+
+    def report_progress(
+        self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int = 0
+    ) -> None:
+        """Report (shard_id, cumulative records consumed) pairs after a completed step."""
+        self._call(self._stub.ReportProgress, self._progress_request(dataset, reports, global_step))
+
+    def report_progress_async(
+        self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int = 0
+    ) -> grpc.Future:
+        """Start a progress report without waiting; call .result() before the next step."""
+        req = self._progress_request(dataset, reports, global_step)
+        return self._stub.ReportProgress.future(
+            req, timeout=self.call_timeout, metadata=self._metadata
+        )
+
+    def wait_progress(self, future: grpc.Future) -> None:
+        """Wait for an async progress report, retrying it synchronously if the master was away."""
+        try:
+            future.result()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise self._translate(e) from None
+            raise MasterError(f"progress report lost: {e.details()}", e.code()) from None
+
+    def return_shards(self, dataset: str) -> int:
+        req = data_pb2.ReturnShardsRequest(node=self._node_pb(), dataset=dataset)
+        return self._call(self._stub.ReturnShards, req).records_returned
+
+    def save_ledger(self, dataset: str, global_step: int) -> data_pb2.LedgerSnapshot:
+        req = data_pb2.LedgerRequest(node=self._node_pb(), dataset=dataset, global_step=global_step)
+        return self._call(self._stub.SaveLedger, req)
+
+    def restore_ledger(self, dataset: str, global_step: int) -> data_pb2.LedgerSnapshot:
+        req = data_pb2.LedgerRequest(node=self._node_pb(), dataset=dataset, global_step=global_step)
+        return self._call(self._stub.RestoreLedger, req)
+
+
+def collect_resource_stats() -> nodes_pb2.ResourceStats:
+    """CPU and memory of this process and its children, and GPUs when NVML is present."""
+    import psutil
+
+    proc = psutil.Process()
+    procs = [proc, *proc.children(recursive=True)]
+    cpu = 0.0
+    rss = 0
+    for p in procs:
+        try:
+            cpu += p.cpu_percent(interval=None)
+            rss += p.memory_info().rss
+        except psutil.Error:
+            continue
+    stats = nodes_pb2.ResourceStats(cpu_percent=cpu, memory_rss_bytes=rss)
+    stats.gpus.extend(_gpu_stats())
+    return stats
+
+
+def _gpu_stats() -> list[nodes_pb2.GpuStats]:
+    """GPU utilisation through pynvml; empty where there is no NVML (no GPU, or not installed)."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError when no driver is present
+        return []
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out.append(
+                nodes_pb2.GpuStats(
+                    index=i,
+                    utilization_percent=float(util.gpu),
+                    memory_used_bytes=int(mem.used),
+                    memory_total_bytes=int(mem.total),
+                )
+            )
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+class HeartbeatThread(threading.Thread):
+    """Sends heartbeats with resource stats and hands received commands to a callback."""
+
+    def __init__(
+        self,
+        client: MasterClient,
+        interval: float,
+        on_command: Callable[[nodes_pb2.Command], None] | None = None,
+        global_step: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(name="dlrover-heartbeat", daemon=True)
+        self._client = client
+        self._interval = interval
+        self._on_command = on_command
+        self._global_step = global_step or (lambda: 0)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                commands = self._client.heartbeat(collect_resource_stats(), self._global_step())
+                for cmd in commands:
+                    if self._on_command:
+                        self._on_command(cmd)
+            except MasterError as e:
+                log.warning("heartbeat failed: %s", e)
+            self._stop_event.wait(self._interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()

@@ -1,0 +1,374 @@
+"""The job master: launches nodes, reacts to their exits, and decides when the job ends."""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from master.client import (
+    ENV_JOB_TOKEN_FILE,
+    ENV_MASTER_ADDR,
+    ENV_NODE_ID,
+    ENV_NODE_RANK,
+    ENV_NODE_TYPE,
+)
+from master.config import NODE_TYPES, JobSpec
+from master.faults import Fault, due
+from master.nodes.manager import NodeManager
+from master.nodes.model import ExitReason, Node, NodeState
+from master.nodes.policy import Action, JobOutcome, classify_exit, decide_on_exit, training_finished
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.sharding.service import ShardingService
+from master.state.api import StateStore
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.2
+STOP_GRACE_SECONDS = 5.0
+LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
+JOB_TABLE = "job"
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
+@dataclass
+class JobEvent:
+    """A user-facing incident: relaunches, injected faults, the job's end."""
+
+    time: float
+    kind: str
+    message: str
+
+
+@dataclass
+class JobRuntime:
+    """Where a job run keeps its files, and how nodes reach the master."""
+
+    run_dir: str
+    master_addr: str
+    token_file: str
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class JobMaster:
+    """Runs one job on a platform: the control loop applies policy decisions to node events."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        platform: Platform,
+        store: StateStore,
+        runtime: JobRuntime,
+        faults: tuple[Fault, ...] = (),
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.platform = platform
+        self.store = store
+        self.runtime = runtime
+        self.nodes = NodeManager(store)
+        self.sharding = ShardingService(store)
+        self.state = JobState.PENDING
+        self.reason = ""
+        self.global_step = 0
+        self.events: list[JobEvent] = []
+        self._on_event = on_event
+        self._faults = list(faults)
+        self._job_relaunches = 0
+        self._started = time.monotonic()
+        self._training_done_at: float | None = None
+        self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.wall_seconds = 0.0
+
+    # -- public -------------------------------------------------------------
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return {t: self.spec.group(t).replicas for t in NODE_TYPES}
+
+    def run(self) -> JobState:
+        """Launch every node and run the control loop until the job ends."""
+        self._started = time.monotonic()
+        self._set_state(JobState.RUNNING, "")
+        try:
+            for node_type in LAUNCH_ORDER:
+                for rank in range(self.replicas[node_type]):
+                    self._launch(node_type, rank, relaunches=0)
+            while not self.state.ended:
+                self._step()
+        except BaseException as e:
+            if not self.state.ended:
+                self._set_state(JobState.FAILED, f"master error: {e!r}")
+            raise
+        finally:
+            self._shutdown()
+        return self.state
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the control loop to stop the job (Ctrl-C, SIGTERM); safe from any thread."""
+        self._stop_request.put(reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def note_global_step(self, step: int) -> None:
+        with self._lock:
+            if step > self.global_step:
+                self.global_step = step
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    # -- control loop -------------------------------------------------------
+
+    def _step(self) -> None:
+        try:
+            event = self.platform.events.get(timeout=TICK_SECONDS)
+        except queue.Empty:
+            event = None
+        if event is not None:
+            self._on_node_exit(event)
+        try:
+            reason = self._stop_request.get_nowait()
+            self._set_state(JobState.STOPPED, reason)
+            return
+        except queue.Empty:
+            pass
+        self._check_heartbeats()
+        self._inject_faults()
+        self._check_completion()
+
+    def _launch(self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0) -> Node:
+        group = self.spec.group(node_type)
+        node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
+        address = self.platform.address_for(node_type, rank)
+        log_path = os.path.join(self.runtime.run_dir, "logs", f"{node.name}.{node.id}.log")
+        launch = NodeLaunchSpec(
+            type=node_type,
+            rank=rank,
+            id=node.id,
+            command=self._command(node_type),
+            env=self._env(node),
+            workdir=self.spec.workdir,
+            log_path=log_path,
+            cpu=group.cpu,
+            memory_mb=node.memory_mb,
+        )
+        self.platform.launch(launch)
+        self.nodes.mark_running(node.id, address, log_path)
+        return node
+
+    def _command(self, node_type: str) -> tuple[str, ...]:
+        group = self.spec.group(node_type)
+        if group.command:
+            command = group.command
+        elif node_type == "ps":
+            command = ("python", "-m", "dlrover_tf.ps")
+        else:
+            command = self.spec.command
+        if command and command[0] in ("python", "python3"):
+            command = (sys.executable, *command[1:])
+        return tuple(command)
+
+    def tf_cluster(self) -> dict[str, list[str]]:
+        cluster = {}
+        for node_type in ("ps", "chief", "worker"):
+            n = self.replicas[node_type]
+            if n:
+                cluster[node_type] = [self.platform.address_for(node_type, r) for r in range(n)]
+        return cluster
+
+    def _env(self, node: Node) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env.update(self.spec.group(node.type).env)
+        env.update(self.runtime.extra_env)
+        env.update(
+            {
+                ENV_MASTER_ADDR: self.runtime.master_addr,
+                ENV_JOB_TOKEN_FILE: self.runtime.token_file,
+                ENV_NODE_TYPE: node.type,
+                ENV_NODE_RANK: str(node.rank),
+                ENV_NODE_ID: str(node.id),
+                "DLROVER_JOB_NAME": self.spec.name,
+                "DLROVER_RUN_DIR": self.runtime.run_dir,
+                "DLROVER_MODEL_DIR": os.path.join(self.runtime.run_dir, "model"),
+                "PYTHONUNBUFFERED": "1",
+                "TF_CONFIG": json.dumps(
+                    {
+                        "cluster": self.tf_cluster(),
+                        "task": {"type": node.type, "index": node.rank},
+                        "environment": "cloud",
+                    }
+                ),
+            }
+        )
+        env.pop("DLROVER_JOB_TOKEN", None)  # the token travels as a file only
+        return env
+
+    def _on_node_exit(self, event: NodeEvent) -> None:
+        node = self.nodes.get(event.id)
+        if node is None or node.state.ended:
+            return
+        lost = node.extra.get("heartbeat_lost", False)
+        reason = (
+            ExitReason.HEARTBEAT_LOST
+            if lost
+            else classify_exit(
+                event.exit_code,
+                oom_killed=event.oom_killed,
+                stop_requested=node.stop_requested or self.state.ended,
+            )
+        )
+        node = self.nodes.mark_exited(event.id, event.exit_code, reason, event.message)
+        if node is None:
+            return
+        requeued = self.sharding.release_everywhere(node.id)
+        if reason in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
+            log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
+        else:
+            more = f"; {sum(requeued.values())} unconsumed records re-queued" if requeued else ""
+            self._emit(
+                "node_failed",
+                f"{node.name} (id {node.id}) {reason.value}, exit code {event.exit_code}{more}",
+            )
+        decision = decide_on_exit(
+            node,
+            reason,
+            max_relaunches_per_rank=self.spec.group(node.type).max_relaunches,
+            job_relaunches_used=self._job_relaunches,
+            job_relaunch_budget=self.spec.max_relaunches,
+            job_ending=self._training_done_at is not None and node.type in ("ps", "evaluator"),
+        )
+        if decision.action == Action.RELAUNCH:
+            self._job_relaunches += 1
+            new = self._launch(node.type, node.rank, node.relaunches + 1, decision.memory_mb)
+            self._emit("relaunch", f"{decision.reason}: {new.name} is now id {new.id}")
+        elif decision.action == Action.FAIL_JOB:
+            tail = _last_line(node.exit_message)
+            self._set_state(
+                JobState.FAILED, decision.reason + (f" (last log line: {tail})" if tail else "")
+            )
+
+    def _check_heartbeats(self) -> None:
+        for node in self.nodes.lost_heartbeats(self.spec.heartbeat_timeout_seconds):
+            if node.extra.get("heartbeat_lost"):
+                continue
+            node.extra["heartbeat_lost"] = True
+            self._emit(
+                "heartbeat_lost",
+                f"{node.name} (id {node.id}) sent no heartbeat for "
+                f"{self.spec.heartbeat_timeout_seconds:g}s; killing it",
+            )
+            if not self.platform.signal_node(node.id, signal.SIGKILL):
+                self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+
+    def percent_done(self) -> float:
+        stats = self.sharding.stats()
+        total = sum(s.size * s.epochs for s in stats)
+        return 100.0 * sum(s.records_done for s in stats) / total if total else 0.0
+
+    def _inject_faults(self) -> None:
+        if not self._faults:
+            return
+        pct, secs = self.percent_done(), self.elapsed()
+        for fault in list(self._faults):
+            if not due(fault, pct, secs, self.global_step):
+                continue
+            self._faults.remove(fault)
+            node = self.nodes.current(fault.node_type, fault.rank)
+            if node is None or node.state != NodeState.RUNNING:
+                self._emit(
+                    "fault", f"fault injection: {fault.describe()}: node not running, skipped"
+                )
+                continue
+            self._emit("fault", f"fault injection: {fault.describe()} (id {node.id})")
+            self.platform.signal_node(node.id, fault.signal)
+
+    def _check_completion(self) -> None:
+        if self._training_done_at is None:
+            if training_finished(self.nodes.all_current(), self.replicas) != JobOutcome.SUCCEEDED:
+                return
+            self._training_done_at = time.monotonic()
+            self._emit("training_done", "chief and workers finished")
+            for node in self.nodes.all_current():
+                if node.type == "ps" and not node.state.ended:
+                    self._stop_node(node)
+        evaluators = [
+            n for n in self.nodes.all_current() if n.type == "evaluator" and not n.state.ended
+        ]
+        if evaluators:
+            if time.monotonic() - self._training_done_at < self.spec.evaluator_grace_seconds:
+                return
+            for node in evaluators:
+                if not node.stop_requested:
+                    self._stop_node(node)
+            return
+        if any(n.type == "ps" and not n.state.ended for n in self.nodes.all_current()):
+            return
+        self._set_state(JobState.SUCCEEDED, "chief and workers finished")
+
+    def _stop_node(self, node: Node) -> None:
+        node.stop_requested = True
+        self.platform.stop_node(node.id, STOP_GRACE_SECONDS)
+
+    def _shutdown(self) -> None:
+        self.wall_seconds = self.elapsed()
+        try:
+            self.platform.shutdown(STOP_GRACE_SECONDS)
+        finally:
+            # Record the end of everything the platform stopped.
+            while True:
+                try:
+                    self._on_node_exit(self.platform.events.get_nowait())
+                except queue.Empty:
+                    break
+            for node in self.nodes.all_current():
+                if not node.state.ended:
+                    self.nodes.mark_exited(node.id, -signal.SIGTERM, ExitReason.STOPPED)
+            self.sharding.close()
+            self._done.set()
+
+    def _set_state(self, state: JobState, reason: str) -> None:
+        self.state = state
+        self.reason = reason
+        self.store.put(
+            JOB_TABLE, "status", json.dumps({"state": state.value, "reason": reason}).encode()
+        )
+        if state.ended:
+            self._emit(
+                "job_" + state.value, f"job {state.value}" + (f": {reason}" if reason else "")
+            )
+
+    def _emit(self, kind: str, message: str) -> None:
+        event = JobEvent(time.time(), kind, message)
+        self.events.append(event)
+        log.info("%s", message)
+        if self._on_event:
+            self._on_event(event)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""

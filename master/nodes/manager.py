@@ -1,0 +1,150 @@
+"""Node registry: incarnations, registration, heartbeats and pending commands."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+
+from master.nodes.model import ExitReason, Node, NodeState
+from master.nodes.policy import heartbeat_lost
+from master.pb import nodes_pb2
+from master.state.api import StateStore
+
+NODE_TABLE = "nodes"
+
+
+class StaleNodeError(Exception):
+    """A request from a node incarnation the master does not (or no longer) run."""
+
+
+class NodeManager:
+    """Keeps every node incarnation; the current one per (type, rank) is the only one accepted."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._lock = threading.RLock()
+        self._by_id: dict[int, Node] = {}
+        self._current: dict[tuple[str, int], int] = {}
+        self._commands: dict[int, list[nodes_pb2.Command]] = defaultdict(list)
+        self._next_id = 1
+
+    def new_incarnation(self, node_type: str, rank: int, relaunches: int, memory_mb: int) -> Node:
+        """Allocate a new id for (type, rank); the previous incarnation becomes stale."""
+        with self._lock:
+            node = Node(
+                type=node_type,
+                rank=rank,
+                id=self._next_id,
+                relaunches=relaunches,
+                memory_mb=memory_mb,
+                started_at=time.time(),
+                last_heartbeat=time.monotonic(),
+            )
+            self._next_id += 1
+            self._by_id[node.id] = node
+            self._current[(node_type, rank)] = node.id
+            self._save(node)
+            return node
+
+    def _save(self, node: Node) -> None:
+        self._store.put(NODE_TABLE, str(node.id), json.dumps(node.to_record()).encode())
+
+    def get(self, node_id: int) -> Node | None:
+        with self._lock:
+            return self._by_id.get(node_id)
+
+    def current(self, node_type: str, rank: int) -> Node | None:
+        with self._lock:
+            node_id = self._current.get((node_type, rank))
+            return self._by_id.get(node_id) if node_id is not None else None
+
+    def all_current(self) -> list[Node]:
+        with self._lock:
+            return [self._by_id[i] for i in self._current.values()]
+
+    def history(self) -> list[Node]:
+        with self._lock:
+            return sorted(self._by_id.values(), key=lambda n: n.id)
+
+    def check(self, node_type: str, rank: int, node_id: int) -> Node:
+        """The node behind a request; StaleNodeError if it is not a live current incarnation."""
+        with self._lock:
+            node = self._by_id.get(node_id)
+            if node is None:
+                raise StaleNodeError(f"unknown node id {node_id} ({node_type}-{rank})")
+            if node.type != node_type or node.rank != rank:
+                raise StaleNodeError(
+                    f"node id {node_id} is {node.name}, not {node_type}-{rank} as the request says"
+                )
+            if self._current.get((node_type, rank)) != node_id:
+                raise StaleNodeError(
+                    f"{node.name} id {node_id} is an old incarnation; the current one is "
+                    f"id {self._current.get((node_type, rank))}"
+                )
+            if node.state.ended:
+                raise StaleNodeError(f"{node.name} id {node_id} has already ended")
+            return node
+
+    def mark_running(self, node_id: int, address: str, log_path: str) -> None:
+        with self._lock:
+            node = self._by_id[node_id]
+            node.state = NodeState.RUNNING
+            node.address = address
+            node.log_path = log_path
+            node.last_heartbeat = time.monotonic()
+            self._save(node)
+
+    def on_register(self, node: Node) -> None:
+        with self._lock:
+            node.registered = True
+            node.last_heartbeat = time.monotonic()
+
+    def on_heartbeat(
+        self, node: Node, stats: nodes_pb2.ResourceStats, global_step: int
+    ) -> list[nodes_pb2.Command]:
+        """Record liveness and stats; hand back the commands queued for this node."""
+        with self._lock:
+            node.registered = True
+            node.last_heartbeat = time.monotonic()
+            node.cpu_percent = stats.cpu_percent
+            node.memory_rss_bytes = stats.memory_rss_bytes
+            node.global_step = max(node.global_step, global_step)
+            return self._commands.pop(node.id, [])
+
+    def queue_command(self, node_id: int, command: nodes_pb2.Command) -> None:
+        with self._lock:
+            self._commands[node_id].append(command)
+
+    def mark_exited(
+        self, node_id: int, exit_code: int, reason: ExitReason, message: str = ""
+    ) -> Node | None:
+        """Record the end of an incarnation; None if it had already ended or is unknown."""
+        with self._lock:
+            node = self._by_id.get(node_id)
+            if node is None or node.state.ended:
+                return None
+            node.exit_code = exit_code
+            node.exit_reason = reason
+            node.exit_message = message
+            node.ended_at = time.time()
+            if reason == ExitReason.SUCCEEDED:
+                node.state = NodeState.SUCCEEDED
+            elif reason == ExitReason.STOPPED:
+                node.state = NodeState.DELETED
+            else:
+                node.state = NodeState.FAILED
+            self._commands.pop(node_id, None)
+            self._save(node)
+            return node
+
+    def lost_heartbeats(self, timeout: float) -> list[Node]:
+        """Running nodes that registered but have not sent a heartbeat within `timeout`."""
+        now = time.monotonic()
+        with self._lock:
+            return [
+                n
+                for n in (self._by_id[i] for i in self._current.values())
+                if heartbeat_lost(n, now, timeout)
+            ]

@@ -1,0 +1,85 @@
+"""Node records: type, stable rank, per-incarnation id, status and exit reason."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class NodeState(str, enum.Enum):
+    """pending -> running -> succeeded | failed | deleted."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+    @property
+    def ended(self) -> bool:
+        return self in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.DELETED)
+
+
+class ExitReason(str, enum.Enum):
+    """Why a node's process ended."""
+
+    NONE = ""
+    SUCCEEDED = "succeeded"
+    OOM = "oom"
+    KILLED = "killed"
+    USER_ERROR = "user_error"
+    HARDWARE = "hardware"
+    HEARTBEAT_LOST = "heartbeat_lost"
+    STOPPED = "stopped"  # stopped by the master (job end, scale-in)
+    UNKNOWN = "unknown"
+
+
+TRAINING_TYPES = ("chief", "worker")
+
+
+@dataclass
+class Node:
+    """One incarnation of a node."""
+
+    type: str
+    rank: int
+    id: int
+    state: NodeState = NodeState.PENDING
+    exit_reason: ExitReason = ExitReason.NONE
+    exit_code: int | None = None
+    exit_message: str = ""
+    relaunches: int = 0  # relaunches of this rank before this incarnation
+    address: str = ""
+    memory_mb: int = 0
+    log_path: str = ""
+    registered: bool = False
+    last_heartbeat: float = 0.0
+    global_step: int = 0
+    cpu_percent: float = 0.0
+    memory_rss_bytes: int = 0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    stop_requested: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}-{self.rank}"
+
+    def to_record(self) -> dict:
+        """The JSON-able record kept in the state store."""
+        return {
+            "type": self.type,
+            "rank": self.rank,
+            "id": self.id,
+            "state": self.state.value,
+            "exit_reason": self.exit_reason.value,
+            "exit_code": self.exit_code,
+            "exit_message": self.exit_message,
+            "relaunches": self.relaunches,
+            "address": self.address,
+            "memory_mb": self.memory_mb,
+            "log_path": self.log_path,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }

@@ -1,0 +1,109 @@
+"""Pure decisions about node exits and job completion: observed state in, decision out."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
+
+OOM_MEMORY_GROWTH = 1.5
+EXIT_CODE_SIGKILL_SHELL = 128 + signal.SIGKILL
+
+
+def classify_exit(
+    exit_code: int, oom_killed: bool = False, stop_requested: bool = False
+) -> ExitReason:
+    """Map a process exit status (negative = killed by that signal) to an exit reason."""
+    if stop_requested:
+        return ExitReason.STOPPED
+    if oom_killed:
+        return ExitReason.OOM
+    if exit_code == 0:
+        return ExitReason.SUCCEEDED
+    if exit_code < 0 or exit_code == EXIT_CODE_SIGKILL_SHELL or exit_code == 128 + signal.SIGTERM:
+        return ExitReason.KILLED
+    if exit_code in (1, 2):
+        return ExitReason.USER_ERROR
+    return ExitReason.UNKNOWN
+
+
+class Action(str, enum.Enum):
+    NONE = "none"
+    RELAUNCH = "relaunch"
+    FAIL_JOB = "fail_job"
+
+
+@dataclass(frozen=True)
+class ExitDecision:
+    """What to do after a node ended, and why."""
+
+    action: Action
+    reason: str
+    memory_mb: int = 0  # memory for the relaunch; 0 keeps the spec's
+
+
+def decide_on_exit(
+    node: Node,
+    reason: ExitReason,
+    max_relaunches_per_rank: int,
+    job_relaunches_used: int,
+    job_relaunch_budget: int,
+    job_ending: bool,
+) -> ExitDecision:
+    """Relaunch, fail the job, or do nothing after `node` ended with `reason`."""
+    if job_ending or reason == ExitReason.STOPPED:
+        return ExitDecision(Action.NONE, f"{node.name} stopped by the master")
+    if reason == ExitReason.SUCCEEDED and node.type != "ps":
+        return ExitDecision(Action.NONE, f"{node.name} finished")
+    what = "exited" if reason == ExitReason.SUCCEEDED else f"failed ({reason.value})"
+    code = "" if node.exit_code is None else f", exit code {node.exit_code}"
+    if node.relaunches >= max_relaunches_per_rank:
+        if node.type == "evaluator":
+            return ExitDecision(Action.NONE, f"{node.name} {what}; evaluator relaunches used up")
+        return ExitDecision(
+            Action.FAIL_JOB,
+            f"{node.name} {what}{code} after {node.relaunches} relaunches; "
+            f"{node.type}.max_relaunches is {max_relaunches_per_rank}",
+        )
+    if job_relaunches_used >= job_relaunch_budget:
+        return ExitDecision(
+            Action.FAIL_JOB,
+            f"{node.name} {what}{code}; the job's relaunch budget "
+            f"(max_relaunches: {job_relaunch_budget}) is used up",
+        )
+    memory = 0
+    if reason == ExitReason.OOM and node.type == "ps" and node.memory_mb > 0:
+        memory = int(node.memory_mb * OOM_MEMORY_GROWTH)
+        return ExitDecision(
+            Action.RELAUNCH, f"{node.name} ran out of memory; relaunch with {memory} MB", memory
+        )
+    return ExitDecision(Action.RELAUNCH, f"{node.name} {what}{code}; relaunch")
+
+
+class JobOutcome(str, enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+
+
+def training_finished(nodes: Iterable[Node], replicas: dict[str, int]) -> JobOutcome:
+    """Succeeded once every chief and worker rank's current incarnation succeeded."""
+    current = {(n.type, n.rank): n for n in nodes}
+    for node_type in TRAINING_TYPES:
+        for rank in range(replicas.get(node_type, 0)):
+            node = current.get((node_type, rank))
+            if node is None or node.state != NodeState.SUCCEEDED:
+                return JobOutcome.RUNNING
+    return JobOutcome.SUCCEEDED
+
+
+def heartbeat_lost(node: Node, now: float, timeout: float) -> bool:
+    """A registered, running node whose last heartbeat is older than the timeout."""
+    return (
+        node.state == NodeState.RUNNING
+        and node.registered
+        and timeout > 0
+        and now - node.last_heartbeat > timeout
+    )

@@ -1,0 +1,64 @@
+"""The platform interface: launch a node, stop or kill it, and stream node events."""
+
+from __future__ import annotations
+
+import abc
+import queue
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeLaunchSpec:
+    """Everything a platform needs to start one node incarnation."""
+
+    type: str
+    rank: int
+    id: int
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: str
+    log_path: str
+    cpu: float = 0.0
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A node incarnation's process ended (exit_code < 0: killed by that signal)."""
+
+    type: str
+    rank: int
+    id: int
+    exit_code: int
+    oom_killed: bool = False
+    message: str = ""
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
+class Platform(abc.ABC):
+    """Where nodes run: local processes, Ray actors or Kubernetes pods."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[NodeEvent] = queue.Queue()
+
+    @abc.abstractmethod
+    def address_for(self, node_type: str, rank: int) -> str:
+        """The host:port a node of this type and rank serves on, stable across relaunches."""
+
+    @abc.abstractmethod
+    def launch(self, spec: NodeLaunchSpec) -> None:
+        """Start a node incarnation; its end arrives later as a NodeEvent."""
+
+    @abc.abstractmethod
+    def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+        """Send a signal to a running node incarnation; False if it is not running."""
+
+    @abc.abstractmethod
+    def stop_node(self, node_id: int, grace_seconds: float) -> None:
+        """Stop a node: SIGTERM, then SIGKILL after the grace period."""
+
+    @abc.abstractmethod
+    def shutdown(self, grace_seconds: float) -> None:
+        """Stop every node this platform started and release its resources."""

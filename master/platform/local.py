@@ -1,0 +1,210 @@
+"""Local platform: every node is a subprocess in its own process group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_BYTES = 4000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def read_tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The last `limit` bytes of a log file, for exit messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Running:
+    spec: NodeLaunchSpec
+    proc: subprocess.Popen
+    pgid: int
+    stop_requested: bool = False
+
+
+class LocalPlatform(Platform):
+    """Runs nodes as local processes; every process group is killed when the platform stops.
+
+    Processes are started from one long-lived launcher thread, so the orphan guard
+    (PR_SET_PDEATHSIG, which fires when the launching *thread* ends) only fires
+    when the master itself goes away.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", orphan_guard: bool = True) -> None:
+        super().__init__()
+        self.host = host
+        self.orphan_guard = orphan_guard
+        self._ports: dict[tuple[str, int], int] = {}
+        self._running: dict[int, _Running] = {}
+        self._pgids: set[int] = set()
+        self._lock = threading.Lock()
+        self._launch_queue: queue.Queue[tuple[NodeLaunchSpec, Future] | None] = queue.Queue()
+        self._launcher = threading.Thread(
+            target=self._launch_loop, name="local-launcher", daemon=True
+        )
+        self._launcher.start()
+        self._closed = False
+
+    def address_for(self, node_type: str, rank: int) -> str:
+        with self._lock:
+            key = (node_type, rank)
+            if key not in self._ports:
+                port = free_port(self.host)
+                while port in self._ports.values():
+                    port = free_port(self.host)
+                self._ports[key] = port
+            return f"{self.host}:{self._ports[key]}"
+
+    def launch(self, spec: NodeLaunchSpec) -> None:
+        if self._closed:
+            raise RuntimeError("the local platform is shut down")
+        done: Future = Future()
+        self._launch_queue.put((spec, done))
+        done.result()
+
+    def _launch_loop(self) -> None:
+        while True:
+            item = self._launch_queue.get()
+            if item is None:
+                return
+            spec, done = item
+            try:
+                self._start(spec)
+                done.set_result(None)
+            except BaseException as e:  # handed back to the caller of launch()
+                done.set_exception(e)
+
+    def _start(self, spec: NodeLaunchSpec) -> None:
+        os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
+        command = list(spec.command)
+        if self.orphan_guard and sys.platform.startswith("linux"):
+            guard = [sys.executable, "-m", "master.platform.pdeathsig", str(os.getpid()), "--"]
+            command = guard + command
+        env = dict(spec.env)
+        # The guard module must be importable from the node's working directory.
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        with open(spec.log_path, "ab", buffering=0) as logf:
+            logf.write(
+                f"# {spec.type}-{spec.rank} id={spec.id}: {' '.join(spec.command)}\n".encode()
+            )
+            proc = subprocess.Popen(
+                command,
+                cwd=spec.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        run = _Running(spec=spec, proc=proc, pgid=proc.pid)
+        with self._lock:
+            self._running[spec.id] = run
+            self._pgids.add(proc.pid)
+        log.info("started %s-%d id=%d pid=%d", spec.type, spec.rank, spec.id, proc.pid)
+        threading.Thread(
+            target=self._reap, args=(run,), name=f"reap-{spec.id}", daemon=True
+        ).start()
+
+    def _reap(self, run: _Running) -> None:
+        code = run.proc.wait()
+        # Anything the node left behind in its group goes with it.
+        _killpg(run.pgid, signal.SIGKILL)
+        with self._lock:
+            self._running.pop(run.spec.id, None)
+        tail = read_tail(run.spec.log_path) if code != 0 else ""
+        self.events.put(
+            NodeEvent(
+                type=run.spec.type,
+                rank=run.spec.rank,
+                id=run.spec.id,
+                exit_code=code,
+                message=tail,
+            )
+        )
+
+    def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return False
+        return _killpg(run.pgid, sig)
+
+    def stop_node(self, node_id: int, grace_seconds: float) -> None:
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return
+        run.stop_requested = True
+        _killpg(run.pgid, signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(run, grace_seconds), daemon=True).start()
+
+    def _kill_after(self, run: _Running, grace_seconds: float) -> None:
+        try:
+            run.proc.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            _killpg(run.pgid, signal.SIGKILL)
+
+    def shutdown(self, grace_seconds: float = 5.0) -> None:
+        """SIGTERM every group, SIGKILL what is left after the grace period."""
+        self._closed = True
+        with self._lock:
+            runs = list(self._running.values())
+            pgids = set(self._pgids)
+        for run in runs:
+            _killpg(run.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        for run in runs:
+            try:
+                run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for pgid in pgids:
+            _killpg(pgid, signal.SIGKILL)
+        for run in runs:
+            try:
+                run.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("process %d did not die after SIGKILL", run.proc.pid)
+        self._launch_queue.put(None)
+
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._running)
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("no permission to signal process group %d", pgid)
+        return False

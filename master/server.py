@@ -1,0 +1,295 @@
+"""The master's gRPC endpoint: token check, request validation, and the Master service."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+
+from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
+from master.job import JobMaster
+from master.nodes.manager import StaleNodeError
+from master.nodes.model import ExitReason, Node
+from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
+from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_MS = 60_000
+_EXIT_REASONS = {
+    nodes_pb2.SUCCEEDED: ExitReason.SUCCEEDED,
+    nodes_pb2.OOM: ExitReason.OOM,
+    nodes_pb2.KILLED: ExitReason.KILLED,
+    nodes_pb2.USER_ERROR: ExitReason.USER_ERROR,
+    nodes_pb2.HARDWARE: ExitReason.HARDWARE,
+    nodes_pb2.HEARTBEAT_LOST: ExitReason.HEARTBEAT_LOST,
+}
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Rejects every call whose x-dlrover-token does not match the job token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+        def deny(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_METADATA_KEY:
+                given = value.encode() if isinstance(value, str) else value
+                if hmac.compare_digest(given, self._token):
+                    return continuation(handler_call_details)
+                break
+        return self._deny
+
+
+def _guard(method: Callable) -> Callable:
+    """Map domain errors to gRPC status codes, so bad requests never crash the master."""
+
+    def wrapper(self: MasterServicer, request: object, context: grpc.ServicerContext) -> object:
+        try:
+            return method(self, request, context)
+        except (StaleNodeError, StaleShardError) as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except UnknownDatasetError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e).strip("'\""))
+        except DatasetConflictError as e:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except (BadReportError, ValueError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+class MasterServicer(master_pb2_grpc.MasterServicer):
+    """Implements the Master service on top of a JobMaster."""
+
+    def __init__(self, job: JobMaster, heartbeat_interval_ms: int) -> None:
+        self.job = job
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+
+    def _node(self, ref: common_pb2.NodeRef) -> Node:
+        if not ref.type:
+            raise ValueError("the request names no node (node.type is empty)")
+        return self.job.nodes.check(ref.type, ref.rank, ref.id)
+
+    def _cluster(self) -> cluster_pb2.ClusterSpec:
+        cluster = self.job.tf_cluster()
+        return cluster_pb2.ClusterSpec(
+            version=1,
+            ps=cluster.get("ps", []),
+            chief=cluster.get("chief", []),
+            worker=cluster.get("worker", []),
+        )
+
+    # -- nodes --------------------------------------------------------------
+
+    @_guard
+    def RegisterNode(self, request, context):  # noqa: N802 (gRPC method names)
+        node = self._node(request.node)
+        self.job.nodes.on_register(node)
+        return nodes_pb2.RegisterReply(
+            cluster=self._cluster(), heartbeat_interval_ms=self.heartbeat_interval_ms
+        )
+
+    @_guard
+    def Heartbeat(self, request, context):  # noqa: N802
+        node = self._node(request.node)
+        if request.global_step < 0:
+            raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        commands = self.job.nodes.on_heartbeat(node, request.stats, request.global_step)
+        if request.global_step:
+            self.job.note_global_step(request.global_step)
+        return nodes_pb2.HeartbeatReply(commands=commands)
+
+    @_guard
+    def ReportExit(self, request, context):  # noqa: N802
+        node = self._node(request.node)
+        node.extra["reported_exit"] = {
+            "code": request.exit_code,
+            "reason": _EXIT_REASONS.get(request.reason, ExitReason.UNKNOWN).value,
+            "message": request.message[-4000:],
+        }
+        return common_pb2.Empty()
+
+    @_guard
+    def GetJobStatus(self, request, context):  # noqa: N802
+        return job_status_pb(self.job)
+
+    @_guard
+    def GetClusterSpec(self, request, context):  # noqa: N802
+        self._node(request)
+        return self._cluster()
+
+    # -- data ---------------------------------------------------------------
+
+    @_guard
+    def CreateDataset(self, request, context):  # noqa: N802
+        self._node(request.node)
+        s = request.spec
+        spec = DatasetSpec(
+            name=s.name,
+            size=s.size,
+            batch_size=s.batch_size,
+            records_per_shard=s.records_per_shard,
+            epochs=s.epochs,
+            shuffle=s.shuffle,
+            seed=s.seed,
+        )
+        return data_pb2.CreateDatasetReply(created=self.job.sharding.create(spec))
+
+    @_guard
+    def GetShard(self, request, context):  # noqa: N802
+        node = self._node(request.node)
+        if not 0 <= request.wait_ms <= MAX_WAIT_MS:
+            raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {request.wait_ms}")
+        grant = self.job.sharding.get_shard(request.dataset, node.id, request.wait_ms / 1000)
+        if grant.status == ShardStatus.SHARD:
+            s = grant.shard
+            return data_pb2.GetShardReply(
+                status=data_pb2.GetShardReply.SHARD,
+                shard=data_pb2.Shard(
+                    shard_id=s.shard_id,
+                    epoch=s.epoch,
+                    start=s.start,
+                    end=s.end,
+                    record_indices=grant.indices,
+                ),
+            )
+        status = (
+            data_pb2.GetShardReply.END
+            if grant.status == ShardStatus.END
+            else data_pb2.GetShardReply.PENDING
+        )
+        return data_pb2.GetShardReply(status=status)
+
+    @_guard
+    def ReportProgress(self, request, context):  # noqa: N802
+        node = self._node(request.node)
+        if request.global_step < 0:
+            raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        reports = [(r.shard_id, r.records_consumed) for r in request.reports]
+        self.job.sharding.report(request.dataset, node.id, reports)
+        if request.global_step:
+            self.job.note_global_step(request.global_step)
+        return data_pb2.ReportProgressReply()
+
+    @_guard
+    def ReturnShards(self, request, context):  # noqa: N802
+        node = self._node(request.node)
+        n = self.job.sharding.release(request.dataset, node.id)
+        return data_pb2.ReturnShardsReply(records_returned=n)
+
+    @_guard
+    def SaveLedger(self, request, context):  # noqa: N802
+        self._node(request.node)
+        if request.global_step < 0:
+            raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        return ledger_pb(self.job.sharding.save_snapshot(request.dataset, request.global_step))
+
+    @_guard
+    def RestoreLedger(self, request, context):  # noqa: N802
+        self._node(request.node)
+        return ledger_pb(self.job.sharding.restore_snapshot(request.dataset, request.global_step))
+
+
+def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:
+    """The wire form of a ledger snapshot dict."""
+    spec = data.get("spec", {})
+    snap = data_pb2.LedgerSnapshot(
+        dataset=spec.get("name", ""),
+        global_step=int(data.get("global_step", 0)),
+        spec=data_pb2.DatasetSpec(
+            name=spec.get("name", ""),
+            size=spec.get("size", 0),
+            batch_size=spec.get("batch_size", 0),
+            records_per_shard=spec.get("records_per_shard", 0),
+            epochs=spec.get("epochs", 1),
+            shuffle=spec.get("shuffle", False),
+            seed=spec.get("seed", 0),
+        ),
+        epoch=int(data.get("epoch", -1)),
+        records_done=int(data.get("records_done", 0)),
+        records_redone=int(data.get("records_redone", 0)),
+    )
+    for t in data.get("todo", []):
+        snap.todo.add(epoch=t["epoch"], start=t["start"], end=t["end"])
+    for d in data.get("doing", []):
+        snap.doing.add(epoch=d["epoch"], start=d["start"] + d.get("consumed", 0), end=d["end"])
+    return snap
+
+
+def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
+    """The job's status as sent to `dlrover status` and the submit display."""
+    status = nodes_pb2.JobStatus(
+        name=job.spec.name,
+        status=job.state.value,
+        reason=job.reason,
+        global_step=job.global_step,
+        elapsed_seconds=job.elapsed(),
+    )
+    for n in job.nodes.history():
+        status.nodes.add(
+            type=n.type,
+            rank=n.rank,
+            id=n.id,
+            status=n.state.value,
+            exit_reason=n.exit_reason.value,
+            relaunches=n.relaunches,
+            address=n.address,
+        )
+    for s in job.sharding.stats():
+        status.datasets.add(
+            name=s.name,
+            size=s.size,
+            epochs=s.epochs,
+            current_epoch=s.current_epoch,
+            records_done=s.records_done,
+            records_redone=s.records_redone,
+            records_todo=s.records_todo,
+            records_doing=s.records_doing,
+            finished=s.finished,
+        )
+    return status
+
+
+def start_server(
+    job: JobMaster, host: str, port: int, token: str, max_workers: int, heartbeat_interval_ms: int
+) -> tuple[grpc.Server, int]:
+    """Start the Master service on host:port (0 picks a port); returns the server and its port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=[TokenInterceptor(token)],
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}; choose another --port")
+    server.start()
+    log.info("master listening on %s:%d", host, bound)
+    return server, bound
+
+
+def advertised_host(host: str) -> str:
+    """The address nodes should dial when the server binds a wildcard address."""
+    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host

@@ -1,0 +1,275 @@
+"""The data sharding service: every dataset's ledger, blocking shard requests, persistence."""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from master.sharding.ledger import DatasetLedger, DatasetSpec, LedgerError, Shard
+from master.state.api import StateStore
+
+log = logging.getLogger(__name__)
+
+LEDGER_TABLE = "ledger"
+SNAPSHOT_TABLE = "ledger_snapshot"
+DEFAULT_FLUSH_SECONDS = 0.2
+
+
+class UnknownDatasetError(LookupError):
+    """No dataset of that name was created in this job."""
+
+
+class DatasetConflictError(ValueError):
+    """A dataset of that name exists with a different spec."""
+
+
+class ShardStatus(enum.Enum):
+    SHARD = 0
+    PENDING = 1
+    END = 2
+
+
+@dataclass(frozen=True)
+class ShardGrant:
+    """The answer to a shard request."""
+
+    status: ShardStatus
+    shard: Shard | None = None
+    indices: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetStats:
+    """Progress figures of one dataset, for status and summaries."""
+
+    name: str
+    size: int
+    epochs: int
+    current_epoch: int
+    records_done: int
+    records_redone: int
+    records_todo: int
+    records_doing: int
+    finished: bool
+
+
+class _Entry:
+    def __init__(self, ledger: DatasetLedger) -> None:
+        self.ledger = ledger
+        self.cond = threading.Condition()
+        self.dirty = False
+
+
+def snapshot_key(dataset: str, global_step: int) -> str:
+    return f"{dataset}@{global_step:015d}"
+
+
+class ShardingService:
+    """Hands out shards of every dataset, tracks progress, persists ledgers to the state store."""
+
+    def __init__(self, store: StateStore, flush_seconds: float = DEFAULT_FLUSH_SECONDS) -> None:
+        self._store = store
+        self._datasets: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+        self._flush_seconds = flush_seconds
+        self._closed = threading.Event()
+        for name, raw in store.scan(LEDGER_TABLE).items():
+            ledger = DatasetLedger.from_snapshot(json.loads(raw), requeue_doing=False)
+            self._datasets[name] = _Entry(ledger)
+        self._flusher = threading.Thread(target=self._flush_loop, name="ledger-flush", daemon=True)
+        self._flusher.start()
+
+    # -- datasets -----------------------------------------------------------
+
+    def create(self, spec: DatasetSpec) -> bool:
+        """Register a dataset; True if new, False if an identical one exists."""
+        spec.validate()
+        with self._lock:
+            entry = self._datasets.get(spec.name)
+            if entry is not None:
+                if entry.ledger.spec != spec:
+                    raise DatasetConflictError(
+                        f"dataset {spec.name!r} already exists with a different spec "
+                        f"({_spec_diff(entry.ledger.spec, spec)}); use another name or the same "
+                        "parameters on every node"
+                    )
+                return False
+            entry = _Entry(DatasetLedger(spec))
+            self._datasets[spec.name] = entry
+        self._persist(entry, force=True)
+        log.info("dataset %r created: %s", spec.name, spec)
+        return True
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self._datasets.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self._datasets)) or "none"
+            raise UnknownDatasetError(
+                f"unknown dataset {name!r} (known: {known}); create it first (ShardedDataset does)"
+            )
+        return entry
+
+    def names(self) -> list[str]:
+        return sorted(self._datasets)
+
+    # -- shards -------------------------------------------------------------
+
+    def get_shard(self, name: str, holder: int, wait_seconds: float = 0.0) -> ShardGrant:
+        """Next shard for `holder`; waits up to wait_seconds while others still hold shards."""
+        entry = self._entry(name)
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        with entry.cond:
+            while True:
+                ledger = entry.ledger
+                shard = ledger.next_shard(holder)
+                if shard is not None:
+                    entry.dirty = True
+                    return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
+                if ledger.finished:
+                    return ShardGrant(ShardStatus.END)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed.is_set():
+                    return ShardGrant(ShardStatus.PENDING)
+                entry.cond.wait(remaining)
+
+    def report(self, name: str, holder: int, reports: list[tuple[int, int]]) -> None:
+        """Apply (shard_id, cumulative consumed) reports; wakes waiters when a shard completes."""
+        entry = self._entry(name)
+        with entry.cond:
+            completed = False
+            for shard_id, consumed in reports:
+                completed |= entry.ledger.report(holder, shard_id, consumed)
+            entry.dirty = True
+            if completed and entry.ledger.finished:
+                entry.cond.notify_all()
+
+    def release(self, name: str, holder: int) -> int:
+        """Re-queue the unconsumed remainder of the holder's shards of one dataset."""
+        entry = self._entry(name)
+        with entry.cond:
+            n = entry.ledger.release(holder)
+            entry.dirty = True
+            entry.cond.notify_all()
+        return n
+
+    def release_everywhere(self, holder: int) -> dict[str, int]:
+        """Re-queue the holder's remainders in every dataset (the node died or hung)."""
+        out = {}
+        for name in self.names():
+            n = self.release(name, holder)
+            if n:
+                out[name] = n
+        return out
+
+    # -- ledger snapshots ---------------------------------------------------
+
+    def save_snapshot(self, name: str, global_step: int) -> dict:
+        """Store the ledger as of `global_step` (saved together with a model checkpoint)."""
+        entry = self._entry(name)
+        with entry.cond:
+            data = entry.ledger.snapshot()
+        data["global_step"] = global_step
+        self._store.put(SNAPSHOT_TABLE, snapshot_key(name, global_step), json.dumps(data).encode())
+        return data
+
+    def restore_snapshot(self, name: str, global_step: int) -> dict:
+        """Roll the ledger back to the snapshot saved at `global_step`."""
+        entry = self._entry(name)
+        raw = self._store.get(SNAPSHOT_TABLE, snapshot_key(name, global_step))
+        if raw is None:
+            steps = self.snapshot_steps(name)
+            raise UnknownDatasetError(
+                f"no ledger snapshot of dataset {name!r} at global step {global_step} "
+                f"(saved steps: {steps or 'none'})"
+            )
+        data = json.loads(raw)
+        ledger = DatasetLedger.from_snapshot(data, requeue_doing=True)
+        with entry.cond:
+            entry.ledger = ledger
+            entry.dirty = True
+            entry.cond.notify_all()
+        self._persist(entry, force=True)
+        return data
+
+    def snapshot_steps(self, name: str) -> list[int]:
+        prefix = f"{name}@"
+        return sorted(
+            int(k[len(prefix) :]) for k in self._store.scan(SNAPSHOT_TABLE) if k.startswith(prefix)
+        )
+
+    # -- status and persistence --------------------------------------------
+
+    def stats(self) -> list[DatasetStats]:
+        out = []
+        for name in self.names():
+            entry = self._datasets[name]
+            with entry.cond:
+                led = entry.ledger
+                out.append(
+                    DatasetStats(
+                        name=name,
+                        size=led.spec.size,
+                        epochs=led.spec.epochs,
+                        current_epoch=max(led.epoch, 0),
+                        records_done=led.records_done,
+                        records_redone=led.records_redone,
+                        records_todo=led.records_todo(),
+                        records_doing=led.records_doing(),
+                        finished=led.finished,
+                    )
+                )
+        return out
+
+    def all_finished(self) -> bool:
+        return all(s.finished for s in self.stats())
+
+    def _persist(self, entry: _Entry, force: bool = False) -> None:
+        with entry.cond:
+            if not (entry.dirty or force):
+                return
+            data = entry.ledger.snapshot()
+            entry.dirty = False
+        self._store.put(LEDGER_TABLE, entry.ledger.spec.name, json.dumps(data).encode())
+
+    def flush(self) -> None:
+        """Write every changed ledger to the state store now."""
+        with self._lock:
+            entries = list(self._datasets.values())
+        for entry in entries:
+            self._persist(entry)
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(self._flush_seconds):
+            try:
+                self.flush()
+            except Exception:
+                log.exception("writing the shard ledgers to the state store failed")
+
+    def close(self) -> None:
+        """Wake every waiter, stop the flusher, and write the ledgers a last time."""
+        self._closed.set()
+        for entry in list(self._datasets.values()):
+            with entry.cond:
+                entry.cond.notify_all()
+        self._flusher.join(timeout=5)
+        self.flush()
+
+
+def _spec_diff(old: DatasetSpec, new: DatasetSpec) -> str:
+    a, b = asdict(old), asdict(new)
+    return ", ".join(f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k])
+
+
+__all__ = [
+    "DatasetConflictError",
+    "DatasetStats",
+    "LedgerError",
+    "ShardGrant",
+    "ShardStatus",
+    "ShardingService",
+    "UnknownDatasetError",
+]

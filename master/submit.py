@@ -1,0 +1,243 @@
+"""Run a job end to end: master, platform, live progress, and the final summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from master.config import JobSpec
+from master.faults import Fault
+from master.job import JobEvent, JobMaster, JobRuntime, JobState
+from master.platform.local import LocalPlatform
+from master.server import advertised_host, job_status_pb, start_server
+from master.state.sqlite import SQLiteStateStore
+
+log = logging.getLogger(__name__)
+
+STATE_SHORT = {
+    "pending": "pend",
+    "running": "run",
+    "succeeded": "ok",
+    "failed": "FAIL",
+    "deleted": "stop",
+}
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """How to run a job, from the command line."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    run_dir: str = ""
+    summary_json: str = ""
+    faults: tuple[Fault, ...] = ()
+    status_interval: float = 2.0
+    quiet: bool = False
+    heartbeat_interval_seconds: float = 2.0
+    max_rpc_workers: int = 128
+
+
+def default_run_dir(spec: JobSpec) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join(spec.workdir, "runs", f"{spec.name}-{stamp}-{os.getpid()}")
+
+
+def write_token(run_dir: str) -> tuple[str, str]:
+    """Generate the job token and write it to a file only the owner can read."""
+    token = secrets.token_urlsafe(32)
+    path = os.path.join(run_dir, ".job_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return token, path
+
+
+class ProgressPrinter:
+    """Prints job events as they happen and a progress line every few seconds."""
+
+    def __init__(self, out: TextIO, interval: float) -> None:
+        self.out = out
+        self.interval = interval
+        self.job: JobMaster | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self, job: JobMaster) -> None:
+        self.job = job
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def event(self, ev: JobEvent) -> None:
+        marker = "!!" if ev.kind in ("fault", "node_failed", "heartbeat_lost") else "=>"
+        self._print(f"{marker} [{self._elapsed():6.1f}s] {ev.message}")
+
+    def _elapsed(self) -> float:
+        return self.job.elapsed() if self.job else 0.0
+
+    def _print(self, line: str) -> None:
+        with self._lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.job is not None and not self.job.state.ended:
+                self._print(progress_line(self.job))
+
+
+def progress_line(job: JobMaster) -> str:
+    """One line: elapsed time, global step, data progress per dataset, node states."""
+    status = job_status_pb(job)
+    parts = [f"   [{status.elapsed_seconds:6.1f}s] step {status.global_step}"]
+    for d in status.datasets:
+        total = d.size * d.epochs
+        done_in_epoch = max(0, d.records_done - d.current_epoch * d.size)
+        parts.append(
+            f"{d.name}: epoch {d.current_epoch + 1}/{d.epochs} "
+            f"{min(done_in_epoch, d.size):,}/{d.size:,} "
+            f"({100.0 * d.records_done / total if total else 0:.0f}% of all)"
+        )
+    current = {(n.type, n.rank): n for n in status.nodes}
+    nodes = " ".join(
+        f"{t}-{r}:{STATE_SHORT.get(n.status, n.status)}"
+        + (f"(r{n.relaunches})" if n.relaunches else "")
+        for (t, r), n in sorted(
+            current.items(), key=lambda kv: ("pcwe".index(kv[0][0][0]), kv[0][1])
+        )
+    )
+    parts.append(nodes)
+    return " | ".join(parts)
+
+
+def build_summary(job: JobMaster) -> dict:
+    """The --summary-json document."""
+    stats = job.sharding.stats()
+    return {
+        "status": "succeeded" if job.state == JobState.SUCCEEDED else "failed",
+        "reason": job.reason,
+        "global_step": job.global_step,
+        "datasets": {
+            s.name: {
+                "size": s.size,
+                "epochs": s.epochs,
+                "records_done": s.records_done,
+                "records_redone": s.records_redone,
+            }
+            for s in stats
+        },
+        "nodes": [
+            {
+                "type": n.type,
+                "rank": n.rank,
+                "id": n.id,
+                "status": n.state.value,
+                "exit_reason": n.exit_reason.value,
+                "relaunches": n.relaunches,
+            }
+            for n in job.nodes.history()
+        ],
+        "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in job.events],
+        "run_dir": job.runtime.run_dir,
+        "wall_seconds": round(job.wall_seconds, 3),
+    }
+
+
+def print_summary(summary: dict, out: TextIO) -> None:
+    w = out.write
+    w(f"\n== job {summary['status']} in {summary['wall_seconds']:.1f}s: {summary['reason']}\n")
+    w(f"   global step: {summary['global_step']}\n")
+    for name, d in summary["datasets"].items():
+        total = d["size"] * d["epochs"]
+        missing = total - d["records_done"]
+        lost = "no record lost" if missing == 0 else f"{missing:,} records NOT done"
+        w(
+            f"   dataset {name}: {d['records_done']:,}/{total:,} records done "
+            f"({d['epochs']} epoch(s) of {d['size']:,}); {d['records_redone']:,} handed out "
+            f"again after failures; {lost}\n"
+        )
+    relaunched = [n for n in summary["nodes"] if n["relaunches"]]
+    failed = [n for n in summary["nodes"] if n["status"] == "failed"]
+    w(f"   nodes: {len(summary['nodes'])} incarnations, {len(relaunched)} relaunches\n")
+    for n in failed:
+        w(f"     {n['type']}-{n['rank']} id {n['id']}: failed ({n['exit_reason']})\n")
+    for n in relaunched:
+        name = f"{n['type']}-{n['rank']} id {n['id']}"
+        w(f"     {name}: relaunch #{n['relaunches']}, {n['status']}\n")
+    w(f"   logs: {os.path.join(summary['run_dir'], 'logs')}\n")
+    out.flush()
+
+
+def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
+    """Run the job on the local platform; returns the process exit code (0 only on success)."""
+    run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    token, token_file = write_token(run_dir)
+    store = SQLiteStateStore(os.path.join(run_dir, "state.sqlite"))
+    platform = LocalPlatform(host=opts.host if opts.host != "0.0.0.0" else "127.0.0.1")
+    printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
+    runtime = JobRuntime(run_dir=run_dir, master_addr="", token_file=token_file)
+    job = JobMaster(
+        spec,
+        platform,
+        store,
+        runtime,
+        faults=opts.faults,
+        on_event=printer.event if printer else None,
+    )
+    server, port = start_server(
+        job,
+        opts.host,
+        opts.port,
+        token,
+        opts.max_rpc_workers,
+        int(opts.heartbeat_interval_seconds * 1000),
+    )
+    runtime.master_addr = f"{advertised_host(opts.host)}:{port}"
+    if not opts.quiet:
+        out.write(
+            f"== job {spec.name}: master at {runtime.master_addr}, run dir {run_dir}\n"
+            f"   nodes: "
+            + ", ".join(
+                f"{spec.group(t).replicas} {t}" for t in ("ps", "chief", "worker", "evaluator")
+            )
+            + "\n"
+        )
+        for fault in opts.faults:
+            out.write(f"   fault injection planned: {fault.describe()}\n")
+        out.flush()
+
+    def on_signal(signum: int, frame: object) -> None:
+        job.request_stop(f"interrupted by {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if printer:
+        printer.start(job)
+    try:
+        job.run()
+    finally:
+        if printer:
+            printer.stop()
+        server.stop(grace=1).wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        summary = build_summary(job)
+        store.close()
+    if opts.summary_json:
+        with open(opts.summary_json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+    if not opts.quiet:
+        print_summary(summary, out)
+    return 0 if job.state == JobState.SUCCEEDED else 1

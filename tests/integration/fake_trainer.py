@@ -1,0 +1,48 @@
+"""A TF-free trainer for integration tests: consumes ShardedDataset batches and logs their ids.
+
+Each step "trains" on one batch: it appends the indices to an ids file, then reports the
+step to the master, as the TF hooks do. Options come from the environment:
+FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (exit code 3
+at start, for relaunch tests).
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from dlrover_tf.dataset import ProgressReporter, ShardedDataset
+
+
+def main() -> int:
+    if os.environ.get("FAKE_FAIL"):
+        print("Traceback (most recent call last):\nValueError: deliberate failure", flush=True)
+        return 3
+    ds = ShardedDataset(
+        "train",
+        size=int(os.environ.get("FAKE_SIZE", "2000")),
+        batch_size=int(os.environ.get("FAKE_BATCH", "16")),
+        epochs=int(os.environ.get("FAKE_EPOCHS", "2")),
+        shuffle=True,
+        seed=7,
+    )
+    step_seconds = float(os.environ.get("FAKE_STEP_SECONDS", "0.002"))
+    ids_dir = os.environ["FAKE_IDS_DIR"]
+    node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"
+    reporter = ProgressReporter(ds)
+    steps = 0
+    with open(os.path.join(ids_dir, node + ".ids"), "ab", buffering=0) as out:
+        for batch in ds.batches():
+            reporter.before_step()
+            time.sleep(step_seconds)
+            out.write(np.asarray(batch, dtype=np.int64).tobytes())
+            steps += 1
+            reporter.after_step(steps)
+    reporter.flush()
+    ds.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
