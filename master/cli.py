@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from master.config import SpecError, load_job_spec
+from master.config import MasterConfig, SpecError, load_job_spec
 from master.faults import FaultSpecError, parse_fault
 
 
@@ -53,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_job_spec(args.job_yaml)
         faults = tuple(parse_fault(k) for k in args.kill)
-    except (SpecError, FaultSpecError) as e:
+        master_config = MasterConfig(host=args.host, port=args.port)
+    except (SpecError, FaultSpecError, ValueError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
     from master.submit import SubmitOptions, run_job
 
     opts = SubmitOptions(
-        host=args.host,
-        port=args.port,
+        master=master_config,
         run_dir=args.run_dir,
         summary_json=args.summary_json,
         faults=faults,

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from master.config import JobSpec
+from master.config import JobSpec, MasterConfig
 from master.faults import Fault
 from master.job import JobEvent, JobMaster, JobRuntime, JobState
 from master.platform.local import LocalPlatform
@@ -35,15 +34,12 @@ STATE_SHORT = {
 class SubmitOptions:
     """How to run a job, from the command line."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
+    master: MasterConfig = field(default_factory=MasterConfig)
     run_dir: str = ""
     summary_json: str = ""
     faults: tuple[Fault, ...] = ()
     status_interval: float = 2.0
     quiet: bool = False
-    heartbeat_interval_seconds: float = 2.0
-    max_rpc_workers: int = 128
 
 
 def default_run_dir(spec: JobSpec) -> str:
@@ -51,14 +47,13 @@ def default_run_dir(spec: JobSpec) -> str:
     return os.path.join(spec.workdir, "runs", f"{spec.name}-{stamp}-{os.getpid()}")
 
 
-def write_token(run_dir: str) -> tuple[str, str]:
-    """Generate the job token and write it to a file only the owner can read."""
-    token = secrets.token_urlsafe(32)
+def write_token(run_dir: str, token: str) -> str:
+    """Write the job token to a file only the owner can read; nodes get the file's path."""
     path = os.path.join(run_dir, ".job_token")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
-    return token, path
+    return path
 
 
 class ProgressPrinter:
@@ -184,9 +179,12 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     """Run the job on the local platform; returns the process exit code (0 only on success)."""
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    token, token_file = write_token(run_dir)
-    store = SQLiteStateStore(os.path.join(run_dir, "state.sqlite"))
-    platform = LocalPlatform(host=opts.host if opts.host != "0.0.0.0" else "127.0.0.1")
+    cfg = opts.master
+    if cfg.state_path == ":memory:":
+        cfg = replace(cfg, state_path=os.path.join(run_dir, "state.sqlite"))
+    token_file = write_token(run_dir, cfg.job_token)
+    store = SQLiteStateStore(cfg.state_path)
+    platform = LocalPlatform(host=advertised_host(cfg.host))
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
     runtime = JobRuntime(run_dir=run_dir, master_addr="", token_file=token_file)
     job = JobMaster(
@@ -199,13 +197,13 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     )
     server, port = start_server(
         job,
-        opts.host,
-        opts.port,
-        token,
-        opts.max_rpc_workers,
-        int(opts.heartbeat_interval_seconds * 1000),
+        cfg.host,
+        cfg.port,
+        cfg.job_token,
+        cfg.max_workers,
+        int(cfg.heartbeat_interval_seconds * 1000),
     )
-    runtime.master_addr = f"{advertised_host(opts.host)}:{port}"
+    runtime.master_addr = f"{advertised_host(cfg.host)}:{port}"
     if not opts.quiet:
         out.write(
             f"== job {spec.name}: master at {runtime.master_addr}, run dir {run_dir}\n"

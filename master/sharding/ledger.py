@@ -10,6 +10,7 @@ import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from master.sharding.permutation import permute_range
@@ -215,7 +216,7 @@ class DatasetLedger:
         return True
 
     def release(self, holder: int) -> int:
-        """Give back every shard `holder` holds: the unconsumed remainders go to the front of todo."""
+        """Give back every shard `holder` holds; unconsumed remainders go to the front of todo."""
         leases = self._by_holder.get(holder)
         if not leases:
             return 0
@@ -449,7 +450,7 @@ def _restore(cls: type[DatasetLedger], data: dict[str, Any]) -> DatasetLedger:
         open_ranges.append((s_epoch, start + consumed, end))
     open_ranges.sort()
     open_per_epoch = dict.fromkeys(range(epoch + 1), 0)
-    for (e1, _, end1), (e2, start2, _) in zip(open_ranges, open_ranges[1:]):
+    for (e1, _, end1), (e2, start2, _) in pairwise(open_ranges):
         if e1 == e2 and start2 < end1:
             raise fail(f"todo/doing ranges overlap in epoch {e1}")
     for e, start, end in open_ranges:

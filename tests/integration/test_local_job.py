@@ -1,0 +1,176 @@
+"""Whole jobs on the local platform with a TF-free trainer: relaunch, accounting, cleanup."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DLROVER = [sys.executable, "-m", "master.cli"]
+
+
+def write_job(tmp_path, workers=2, env=None, **extra) -> str:
+    ids = tmp_path / "ids"
+    ids.mkdir(exist_ok=True)
+    job = {
+        "name": "fake",
+        "command": ["python", os.path.join(HERE, "fake_trainer.py")],
+        "env": {"FAKE_IDS_DIR": str(ids), "FAKE_SIZE": "3000", "FAKE_STEP_SECONDS": "0.004"}
+        | (env or {}),
+        "worker": {"replicas": workers, "max_relaunches": 2},
+        "heartbeat_timeout_seconds": 3,
+    } | extra
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+def submit(job_yaml, tmp_path, *args, timeout=120):
+    summary = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [
+            *DLROVER,
+            "submit",
+            job_yaml,
+            "--summary-json",
+            str(summary),
+            "--status-interval",
+            "0.5",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(HERE),
+    )
+    data = json.loads(summary.read_text()) if summary.exists() else None
+    return proc, data
+
+
+def trained_counts(tmp_path, size=3000):
+    files = glob.glob(str(tmp_path / "ids" / "*.ids"))
+    ids = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
+    return np.bincount(ids, minlength=size)
+
+
+def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
+    proc, summary = submit(write_job(tmp_path), tmp_path, "--kill", "worker:1@40%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fault injection: SIGKILL to worker-1" in proc.stdout
+    assert summary["status"] == "succeeded"
+    d = summary["datasets"]["train"]
+    assert d["records_done"] == d["size"] * d["epochs"] == 6000
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert [n["exit_reason"] for n in w1] == ["killed", "succeeded"]
+    assert w1[1]["relaunches"] == 1
+    counts = trained_counts(tmp_path)
+    # Every record exactly `epochs` times, except at most one batch (16) for the one kill.
+    assert counts.min() == 2
+    assert int((counts - 2).sum()) <= 16
+    assert summary["wall_seconds"] > 0 and summary["global_step"] > 0
+
+
+def test_relaunch_budget_exhausted_fails_with_reason(tmp_path):
+    proc, summary = submit(write_job(tmp_path, workers=1, env={"FAKE_FAIL": "1"}), tmp_path)
+    assert proc.returncode == 1
+    assert summary["status"] == "failed"
+    assert "worker-0" in summary["reason"] and "max_relaunches" in summary["reason"]
+    assert "deliberate failure" in summary["reason"]  # the last log line of the failure
+    assert len(summary["nodes"]) == 3  # first launch + 2 relaunches
+
+
+def test_frozen_worker_is_detected_by_heartbeat_loss_and_replaced(tmp_path):
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"})
+    p = subprocess.Popen(
+        [*DLROVER, "submit", job, "--summary-json", str(tmp_path / "s.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    try:
+        victim = _wait_for_node_process(tmp_path, "worker.1")
+        frozen_at = time.monotonic()
+        os.kill(victim, signal.SIGSTOP)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert p.returncode == 0, out
+    assert "sent no heartbeat for 3s" in out
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert w1[0]["exit_reason"] == "heartbeat_lost" and w1[-1]["status"] == "succeeded"
+    assert time.monotonic() - frozen_at < 100
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2 and int((counts - 2).sum()) <= 16
+
+
+def _wait_for_node_process(tmp_path, prefix, timeout=30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = glob.glob(str(tmp_path / "ids" / f"{prefix}.*.ids"))
+        if files and os.path.getsize(files[0]) > 0:
+            return int(files[0].rsplit(".", 2)[-2])
+        time.sleep(0.05)
+    raise AssertionError(f"no {prefix} process started")
+
+
+def _job_processes(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if (p.info["environ"] or {}).get("FAKE_IDS_DIR", "").startswith(marker):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_no_orphans_when_master_is_interrupted_or_killed(tmp_path, how):
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.05", "FAKE_SIZE": "100000"})
+    p = subprocess.Popen(
+        [*DLROVER, "submit", job],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    _wait_for_node_process(tmp_path, "worker.0")
+    _wait_for_node_process(tmp_path, "worker.1")
+    assert len(_job_processes(str(tmp_path))) >= 2
+    p.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+    out, _ = p.communicate(timeout=30)
+    if how == "sigint":
+        assert p.returncode == 1
+        assert "interrupted by SIGINT" in out
+    deadline = time.monotonic() + 10
+    while _job_processes(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _job_processes(str(tmp_path)) == []
+
+
+def test_bad_yaml_gives_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncommand: [python, t.py]\nwroker: {replicas: 2}\n")
+    proc = subprocess.run([*DLROVER, "submit", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "wroker" in proc.stderr and "did you mean 'worker'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [*DLROVER, "submit", write_job(tmp_path), "--kill", "worker@x"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "TYPE:RANK@WHEN" in proc.stderr
