@@ -93,7 +93,9 @@ class DatasetSpec:
             )
         if not _is_int(self.epochs) or not 1 <= self.epochs <= MAX_EPOCHS:
             raise bad(
-                "epochs", f"must be an integer between 1 and {MAX_EPOCHS}", "set a sane count"
+                "epochs",
+                f"must be an integer between 1 and {MAX_EPOCHS}",
+                "set how many passes over the data to make",
             )
         if not isinstance(self.shuffle, bool):
             raise bad("shuffle", "must be true or false", "use a boolean")
@@ -315,17 +317,32 @@ class DatasetLedger:
             "done_per_epoch": {str(e): n for e, n in sorted(self._done_per_epoch.items())},
         }
 
+    @property
+    def next_shard_id(self) -> int:
+        """The id the next handed-out shard gets."""
+        return self._next_shard_id
+
     @classmethod
-    def from_snapshot(cls, data: dict[str, Any], requeue_doing: bool) -> DatasetLedger:
-        """Rebuild a ledger; requeue_doing gives held remainders back to todo as release() would."""
+    def from_snapshot(
+        cls, data: dict[str, Any], requeue_doing: bool, first_shard_id: int = 0
+    ) -> DatasetLedger:
+        """Rebuild a ledger; requeue_doing gives held remainders back to todo as release() would.
+
+        Pass the live ledger's next_shard_id as first_shard_id so ids it issued are never reused.
+        """
+        if not _is_int(first_shard_id) or first_shard_id < 0:
+            raise ValueError(f"first_shard_id must be an integer >= 0, got {first_shard_id!r}")
         try:
             ledger = _restore(cls, data)
         except LedgerError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except KeyError as exc:
+            raise LedgerError(f"malformed ledger snapshot: missing field {exc}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
             raise LedgerError(f"malformed ledger snapshot: {exc!r}") from exc
         if requeue_doing and ledger._doing:
             ledger._requeue(list(ledger._doing.values()))
+        ledger._next_shard_id = max(ledger._next_shard_id, first_shard_id)
         return ledger
 
     # Internals.

@@ -187,9 +187,11 @@ class ShardingService:
                 f"(saved steps: {steps or 'none'})"
             )
         data = json.loads(raw)
-        ledger = DatasetLedger.from_snapshot(data, requeue_doing=True)
         with entry.cond:
-            entry.ledger = ledger
+            # New shard ids continue past every id handed out, so late reports stay stale.
+            entry.ledger = DatasetLedger.from_snapshot(
+                data, requeue_doing=True, first_shard_id=entry.ledger.next_shard_id
+            )
             entry.dirty = True
             entry.cond.notify_all()
         self._persist(entry, force=True)

@@ -333,6 +333,22 @@ def test_restore_with_requeue_gives_held_remainders_back() -> None:
     assert min(s.shard_id for s in again) >= data["next_shard_id"]
 
 
+def test_restore_does_not_reissue_ids_of_the_live_ledger() -> None:
+    ledger = DatasetLedger(spec(size=40))
+    saved = json_roundtrip(ledger.snapshot())
+    old = [ledger.next_shard(1) for _ in range(3)]
+    restored = DatasetLedger.from_snapshot(
+        saved, requeue_doing=True, first_shard_id=ledger.next_shard_id
+    )
+    fresh = restored.next_shard(1)
+    assert (fresh.shard_id, fresh.start) == (3, 0)
+    for shard in old:
+        with pytest.raises(StaleShardError):
+            restored.report(1, shard.shard_id, 1)
+    with pytest.raises(ValueError):
+        DatasetLedger.from_snapshot(saved, requeue_doing=True, first_shard_id=-1)
+
+
 def ledger_consumed(ledger: DatasetLedger, holder: int, shard: Shard) -> int:
     return ledger.consumed(holder, shard.shard_id)
 
@@ -393,6 +409,16 @@ def test_malformed_snapshots_raise_ledger_error(name: str, mutate) -> None:
     with pytest.raises(LedgerError) as info:
         DatasetLedger.from_snapshot(data, requeue_doing=False)
     assert "snapshot" in str(info.value)
+
+
+def test_snapshot_with_overlapping_ranges_is_rejected() -> None:
+    ledger = DatasetLedger(spec())
+    ledger.next_shard(1)  # doing [0, 4); todo [4, 10)
+    data = json_roundtrip(ledger.snapshot())
+    DatasetLedger.from_snapshot(data, requeue_doing=False)
+    data["doing"][0].update(start=4, end=8)  # same totals, but positions 4..7 twice, 0..3 lost
+    with pytest.raises(LedgerError, match="overlap"):
+        DatasetLedger.from_snapshot(data, requeue_doing=False)
 
 
 # Simulated elastic job
@@ -491,17 +517,30 @@ class Simulation:
             (data, self.trained.copy(), self.ambiguous.copy(), self.ambiguous_deaths)
         )
 
-    def restore(self, k: int) -> None:
-        """Restore a model checkpoint and the ledger saved with it; every worker restarts."""
+    def restore(self, k: int, keep_node_ids: bool = False) -> None:
+        """Restore a model checkpoint and the ledger saved with it; every worker restarts input.
+
+        With keep_node_ids the workers keep their ids, so ids the discarded timeline issued must
+        not be reissued: reports for the old shards have to be stale.
+        """
         if not self.snapshots:
             return
         data, trained, ambiguous, deaths = self.snapshots[k % len(self.snapshots)]
-        self.ledger = DatasetLedger.from_snapshot(data, requeue_doing=True)
+        first_id = self.ledger.next_shard_id if keep_node_ids else 0
+        self.ledger = DatasetLedger.from_snapshot(data, requeue_doing=True, first_shard_id=first_id)
         self.trained, self.ambiguous = trained.copy(), ambiguous.copy()
         self.ambiguous_deaths = deaths
+        old = [(worker.holder, held.shard) for worker in self.workers for held in worker.shards]
         for worker in self.workers:
             worker.shards.clear()
-            worker.holder = next(self._ids)
+            if not keep_node_ids:
+                worker.holder = next(self._ids)
+        if keep_node_ids:
+            for w in range(len(self.workers)):  # new shards, whose ids must not collide with old
+                self.get(w)
+            for holder, shard in old:
+                with pytest.raises(StaleShardError):
+                    self.ledger.report(holder, shard.shard_id, shard.size)
 
     def master_restart(self) -> None:
         data = json_roundtrip(self.ledger.snapshot())
@@ -557,7 +596,7 @@ action_st = st.one_of(
     st.tuples(st.just("batch"), workers_st, st.just(False)),
     st.tuples(st.just("die"), workers_st, st.booleans(), st.booleans()),
     st.tuples(st.just("snapshot")),
-    st.tuples(st.just("restore"), st.integers(0, 20)),
+    st.tuples(st.just("restore"), st.integers(0, 20), st.booleans()),
     st.tuples(st.just("master_restart")),
 )
 spec_st = st.builds(
@@ -585,7 +624,7 @@ def simulate(ds: DatasetSpec, n_workers: int, actions: list[tuple]) -> Simulatio
     return sim
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(
     ds=spec_st, n_workers=st.integers(1, 4), actions=st.lists(action_st, min_size=5, max_size=60)
 )
