@@ -109,7 +109,7 @@ class ShardedDataset:
             reply = self.client.get_shard(self.name, wait_ms=0 if have else SHARD_WAIT_MS)
             if reply.status == data_pb2.GetShardReply.SHARD:
                 shard = reply.shard
-                indices = np.asarray(shard.record_indices, dtype=np.int64)
+                indices = np.frombuffer(shard.record_indices, dtype="<i8").astype(np.int64)
                 offset = 0
                 while offset < len(indices):
                     take = min(self.batch_size - have, len(indices) - offset)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +53,15 @@ class NodeIdentity:
 
     def to_pb(self) -> common_pb2.NodeRef:
         return common_pb2.NodeRef(type=self.type, rank=self.rank, id=self.id)
+
+
+def decode_indices(data: bytes) -> list[int]:
+    """Shard.record_indices (little-endian int64 bytes) as a list of ints."""
+    arr = array.array("q")
+    arr.frombytes(data)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tolist()
 
 
 def read_token(env: Mapping[str, str]) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import array
 import hmac
 import logging
 import socket
+import sys
 from collections.abc import Callable
 from concurrent import futures
 
@@ -168,7 +170,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     epoch=s.epoch,
                     start=s.start,
                     end=s.end,
-                    record_indices=grant.indices,
+                    record_indices=encode_indices(grant.indices),
                 ),
             )
         status = (
@@ -206,6 +208,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def RestoreLedger(self, request, context):  # noqa: N802
         self._node(request.node)
         return ledger_pb(self.job.sharding.restore_snapshot(request.dataset, request.global_step))
+
+
+def encode_indices(indices: list[int]) -> bytes:
+    """Record indices as little-endian int64 bytes (the wire form of Shard.record_indices)."""
+    arr = array.array("q", indices)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
 
 
 def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:

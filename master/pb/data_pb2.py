@@ -15,15 +15,13 @@ _sym_db = _symbol_database.Default()
 from master.pb import common_pb2 as master_dot_pb_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14master/pb/data.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\"\x87\x01\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x19\n\x11records_per_shard\x18\x04 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\x05\x12\x0f\n\x07shuffle\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\"`\n\x14\x43reateDatasetRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\"%\n\x12\x43reateDatasetReply\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"V\n\x0fGetShardRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\"`\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x1a\n\x0erecord_indices\x18\x05 \x03(\x03\x42\x02\x10\x01\"\x8e\x01\n\rGetShardReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .dlrover.v1.GetShardReply.Status\x12 \n\x05shard\x18\x02 \x01(\x0b\x32\x11.dlrover.v1.Shard\")\n\x06Status\x12\t\n\x05SHARD\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x07\n\x03\x45ND\x10\x02\"<\n\x0eProgressReport\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x18\n\x10records_consumed\x18\x02 \x01(\x03\"\x8d\x01\n\x15ReportProgressRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12+\n\x07reports\x18\x03 \x03(\x0b\x32\x1a.dlrover.v1.ProgressReport\x12\x13\n\x0bglobal_step\x18\x04 \x01(\x03\"\x15\n\x13ReportProgressReply\"I\n\x13ReturnShardsRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\"-\n\x11ReturnShardsReply\x12\x18\n\x10records_returned\x18\x01 \x01(\x03\"X\n\rLedgerRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\"7\n\nShardRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\xe7\x01\n\x0eLedgerSnapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\x12\r\n\x05\x65poch\x18\x04 \x01(\x05\x12$\n\x04todo\x18\x05 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12%\n\x05\x64oing\x18\x06 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12\x14\n\x0crecords_done\x18\x07 \x01(\x03\x12\x16\n\x0erecords_redone\x18\x08 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14master/pb/data.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\"\x87\x01\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x19\n\x11records_per_shard\x18\x04 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\x05\x12\x0f\n\x07shuffle\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\"`\n\x14\x43reateDatasetRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\"%\n\x12\x43reateDatasetReply\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"V\n\x0fGetShardRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\"\\\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x16\n\x0erecord_indices\x18\x05 \x01(\x0c\"\x8e\x01\n\rGetShardReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .dlrover.v1.GetShardReply.Status\x12 \n\x05shard\x18\x02 \x01(\x0b\x32\x11.dlrover.v1.Shard\")\n\x06Status\x12\t\n\x05SHARD\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x07\n\x03\x45ND\x10\x02\"<\n\x0eProgressReport\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x18\n\x10records_consumed\x18\x02 \x01(\x03\"\x8d\x01\n\x15ReportProgressRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12+\n\x07reports\x18\x03 \x03(\x0b\x32\x1a.dlrover.v1.ProgressReport\x12\x13\n\x0bglobal_step\x18\x04 \x01(\x03\"\x15\n\x13ReportProgressReply\"I\n\x13ReturnShardsRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\"-\n\x11ReturnShardsReply\x12\x18\n\x10records_returned\x18\x01 \x01(\x03\"X\n\rLedgerRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\"7\n\nShardRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\xe7\x01\n\x0eLedgerSnapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\x12\r\n\x05\x65poch\x18\x04 \x01(\x05\x12$\n\x04todo\x18\x05 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12%\n\x05\x64oing\x18\x06 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12\x14\n\x0crecords_done\x18\x07 \x01(\x03\x12\x16\n\x0erecords_redone\x18\x08 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'master.pb.data_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_SHARD'].fields_by_name['record_indices']._options = None
-  _globals['_SHARD'].fields_by_name['record_indices']._serialized_options = b'\020\001'
   _globals['_DATASETSPEC']._serialized_start=61
   _globals['_DATASETSPEC']._serialized_end=196
   _globals['_CREATEDATASETREQUEST']._serialized_start=198
@@ -33,25 +31,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_GETSHARDREQUEST']._serialized_start=335
   _globals['_GETSHARDREQUEST']._serialized_end=421
   _globals['_SHARD']._serialized_start=423
-  _globals['_SHARD']._serialized_end=519
-  _globals['_GETSHARDREPLY']._serialized_start=522
-  _globals['_GETSHARDREPLY']._serialized_end=664
-  _globals['_GETSHARDREPLY_STATUS']._serialized_start=623
-  _globals['_GETSHARDREPLY_STATUS']._serialized_end=664
-  _globals['_PROGRESSREPORT']._serialized_start=666
-  _globals['_PROGRESSREPORT']._serialized_end=726
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=729
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=870
-  _globals['_REPORTPROGRESSREPLY']._serialized_start=872
-  _globals['_REPORTPROGRESSREPLY']._serialized_end=893
-  _globals['_RETURNSHARDSREQUEST']._serialized_start=895
-  _globals['_RETURNSHARDSREQUEST']._serialized_end=968
-  _globals['_RETURNSHARDSREPLY']._serialized_start=970
-  _globals['_RETURNSHARDSREPLY']._serialized_end=1015
-  _globals['_LEDGERREQUEST']._serialized_start=1017
-  _globals['_LEDGERREQUEST']._serialized_end=1105
-  _globals['_SHARDRANGE']._serialized_start=1107
-  _globals['_SHARDRANGE']._serialized_end=1162
-  _globals['_LEDGERSNAPSHOT']._serialized_start=1165
-  _globals['_LEDGERSNAPSHOT']._serialized_end=1396
+  _globals['_SHARD']._serialized_end=515
+  _globals['_GETSHARDREPLY']._serialized_start=518
+  _globals['_GETSHARDREPLY']._serialized_end=660
+  _globals['_GETSHARDREPLY_STATUS']._serialized_start=619
+  _globals['_GETSHARDREPLY_STATUS']._serialized_end=660
+  _globals['_PROGRESSREPORT']._serialized_start=662
+  _globals['_PROGRESSREPORT']._serialized_end=722
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=725
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=866
+  _globals['_REPORTPROGRESSREPLY']._serialized_start=868
+  _globals['_REPORTPROGRESSREPLY']._serialized_end=889
+  _globals['_RETURNSHARDSREQUEST']._serialized_start=891
+  _globals['_RETURNSHARDSREQUEST']._serialized_end=964
+  _globals['_RETURNSHARDSREPLY']._serialized_start=966
+  _globals['_RETURNSHARDSREPLY']._serialized_end=1011
+  _globals['_LEDGERREQUEST']._serialized_start=1013
+  _globals['_LEDGERREQUEST']._serialized_end=1101
+  _globals['_SHARDRANGE']._serialized_start=1103
+  _globals['_SHARDRANGE']._serialized_end=1158
+  _globals['_LEDGERSNAPSHOT']._serialized_start=1161
+  _globals['_LEDGERSNAPSHOT']._serialized_end=1392
 # @@protoc_insertion_point(module_scope)

@@ -60,8 +60,8 @@ class Shard(_message.Message):
     epoch: int
     start: int
     end: int
-    record_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., record_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    record_indices: bytes
+    def __init__(self, shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., record_indices: _Optional[bytes] = ...) -> None: ...
 
 class GetShardReply(_message.Message):
     __slots__ = ("status", "shard")

@@ -128,13 +128,15 @@ class ShardingService:
                 shard = ledger.next_shard(holder)
                 if shard is not None:
                     entry.dirty = True
-                    return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
+                    break
                 if ledger.finished:
                     return ShardGrant(ShardStatus.END)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed.is_set():
                     return ShardGrant(ShardStatus.PENDING)
                 entry.cond.wait(remaining)
+        # Pure in (spec, shard): computed outside the lock.
+        return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
 
     def report(self, name: str, holder: int, reports: list[tuple[int, int]]) -> None:
         """Apply (shard_id, cumulative consumed) reports; wakes waiters when a shard completes."""
