@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from master.client import HeartbeatThread, MasterClient, MasterError, StaleNodeError
+from master.client import HeartbeatThread, MasterClient, StaleNodeError
 from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
@@ -153,21 +153,16 @@ class ShardedDataset:
         options.deterministic = True
         return ds.prefetch(prefetch).with_options(options)
 
-    def step_done(self, global_step: int = 0, wait: bool = True):
+    def step_done(self, global_step: int = 0) -> None:
         """Report that one training step consumed the oldest produced batch.
 
-        With wait=False the report is sent in the background and a future is returned;
-        the caller must resolve it (ProgressReporter does) before the next step.
+        Synchronous on purpose: the report of step n is acknowledged before step n+1 can
+        run, so after a crash only the batch of the step in flight can be ambiguous. (A
+        gRPC future would also cost a polling thread per call in Python.)
         """
         segments = self.tracker.consume()
         if not segments:
-            return None
-        if wait:
-            self._report_sync(segments, global_step)
-            return None
-        return self.client.report_progress_async(self.name, segments, global_step), segments
-
-    def _report_sync(self, segments: list[tuple[int, int]], global_step: int) -> None:
+            return
         try:
             self.client.report_progress(self.name, segments, global_step)
         except StaleNodeError as e:
@@ -178,34 +173,3 @@ class ShardedDataset:
             self._heartbeat.stop()
         if self._own_client:
             self.client.close()
-
-
-class ProgressReporter:
-    """Reports each completed step's batch, overlapping the RPC with the next step's setup.
-
-    At most one report is in flight: it is resolved before the next step runs, so after a
-    crash only the batch of the step in flight can be ambiguous.
-    """
-
-    def __init__(self, dataset: ShardedDataset) -> None:
-        self.dataset = dataset
-        self._inflight = None
-
-    def before_step(self) -> None:
-        if self._inflight is None:
-            return
-        future, segments = self._inflight
-        self._inflight = None
-        try:
-            self.dataset.client.wait_progress(future)
-        except StaleNodeError as e:
-            log.warning("progress report refused as stale: %s", e)
-        except MasterError:
-            # The master was briefly unreachable: send it again, synchronously and retried.
-            self.dataset._report_sync(segments, 0)
-
-    def after_step(self, global_step: int = 0) -> None:
-        self._inflight = self.dataset.step_done(global_step, wait=False)
-
-    def flush(self) -> None:
-        self.before_step()

@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dlrover_tf.dataset import ProgressReporter, ShardedDataset
+from dlrover_tf.dataset import ShardedDataset
 
 
 class ShardProgressHook(tf.estimator.SessionRunHook):
     """Tells the master, after every completed step, which records that step trained on."""
 
     def __init__(self, dataset: ShardedDataset) -> None:
-        self._reporter = ProgressReporter(dataset)
+        self._dataset = dataset
         self._global_step = None
 
     def begin(self) -> None:
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def before_run(self, run_context):
-        self._reporter.before_step()
         if self._global_step is None:
             return None
         return tf.estimator.SessionRunArgs(self._global_step)
 
     def after_run(self, run_context, run_values) -> None:
         step = run_values.results if self._global_step is not None else 0
-        self._reporter.after_step(int(step or 0))
-
-    def end(self, session) -> None:
-        self._reporter.flush()
+        self._dataset.step_done(int(step or 0))
 
 
 class ShardProgressCallback(tf.keras.callbacks.Callback):
@@ -36,15 +32,8 @@ class ShardProgressCallback(tf.keras.callbacks.Callback):
 
     def __init__(self, dataset: ShardedDataset) -> None:
         super().__init__()
-        self._reporter = ProgressReporter(dataset)
-        self._steps = 0
-
-    def on_train_batch_begin(self, batch, logs=None) -> None:
-        self._reporter.before_step()
+        self._dataset = dataset
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        self._steps += 1
-        self._reporter.after_step(self._steps)
-
-    def on_train_end(self, logs=None) -> None:
-        self._reporter.flush()
+        step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer else 0
+        self._dataset.step_done(step)

@@ -220,24 +220,6 @@ class MasterClient:
         """Report (shard_id, cumulative records consumed) pairs after a completed step."""
         self._call(self._stub.ReportProgress, self._progress_request(dataset, reports, global_step))
 
-    def report_progress_async(
-        self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int = 0
-    ) -> grpc.Future:
-        """Start a progress report without waiting; call .result() before the next step."""
-        req = self._progress_request(dataset, reports, global_step)
-        return self._stub.ReportProgress.future(
-            req, timeout=self.call_timeout, metadata=self._metadata
-        )
-
-    def wait_progress(self, future: grpc.Future) -> None:
-        """Wait for an async progress report, retrying it synchronously if the master was away."""
-        try:
-            future.result()
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE:
-                raise self._translate(e) from None
-            raise MasterError(f"progress report lost: {e.details()}", e.code()) from None
-
     def return_shards(self, dataset: str) -> int:
         req = data_pb2.ReturnShardsRequest(node=self._node_pb(), dataset=dataset)
         return self._call(self._stub.ReturnShards, req).records_returned
@@ -251,41 +233,67 @@ class MasterClient:
         return self._call(self._stub.RestoreLedger, req)
 
 
-def collect_resource_stats() -> nodes_pb2.ResourceStats:
-    """CPU and memory of this process and its children, and GPUs when NVML is present."""
-    import psutil
+class ResourceSampler:
+    """CPU and memory of this process (and its children), and GPUs when NVML is present.
 
-    proc = psutil.Process()
-    procs = [proc, *proc.children(recursive=True)]
-    cpu = 0.0
-    rss = 0
-    for p in procs:
-        try:
-            cpu += p.cpu_percent(interval=None)
-            rss += p.memory_info().rss
-        except psutil.Error:
-            continue
-    stats = nodes_pb2.ResourceStats(cpu_percent=cpu, memory_rss_bytes=rss)
-    stats.gpus.extend(_gpu_stats())
-    return stats
+    Keeps its psutil handles between samples: CPU percent is measured since the last sample.
+    """
+
+    def __init__(self, include_children: bool = False) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._proc = psutil.Process()
+        self._children: dict[int, object] = {}
+        # Listing children scans all of /proc: only agents that own worker processes ask.
+        self._include_children = include_children
+        self._proc.cpu_percent(interval=None)
+        self._nvml = _load_nvml()
+
+    def sample(self) -> nodes_pb2.ResourceStats:
+        procs = [self._proc]
+        if self._include_children:
+            current = {}
+            for child in self._proc.children(recursive=True):
+                current[child.pid] = self._children.get(child.pid, child)
+            self._children = current
+            procs.extend(current.values())
+        cpu = 0.0
+        rss = 0
+        for p in procs:
+            try:
+                cpu += p.cpu_percent(interval=None)
+                rss += p.memory_info().rss
+            except self._psutil.Error:
+                continue
+        stats = nodes_pb2.ResourceStats(cpu_percent=cpu, memory_rss_bytes=rss)
+        stats.gpus.extend(_gpu_stats(self._nvml))
+        return stats
 
 
-def _gpu_stats() -> list[nodes_pb2.GpuStats]:
-    """GPU utilisation through pynvml; empty where there is no NVML (no GPU, or not installed)."""
+def _load_nvml():
+    """The pynvml module, initialised, or None where there is no NVML (no GPU or no package)."""
     try:
         import pynvml
     except ImportError:
-        return []
+        return None
     try:
         pynvml.nvmlInit()
     except Exception:  # NVMLError when no driver is present
+        return None
+    return pynvml
+
+
+def _gpu_stats(nvml) -> list[nodes_pb2.GpuStats]:
+    """Utilisation and memory of every GPU NVML sees."""
+    if nvml is None:
         return []
     out = []
     try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            util = pynvml.nvmlDeviceGetUtilizationRates(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            util = nvml.nvmlDeviceGetUtilizationRates(h)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
             out.append(
                 nodes_pb2.GpuStats(
                     index=i,
@@ -294,8 +302,8 @@ def _gpu_stats() -> list[nodes_pb2.GpuStats]:
                     memory_total_bytes=int(mem.total),
                 )
             )
-    finally:
-        pynvml.nvmlShutdown()
+    except Exception as e:  # a GPU that fell off the bus must not stop heartbeats
+        log.warning("reading GPU stats failed: %s", e)
     return out
 
 
@@ -315,11 +323,12 @@ class HeartbeatThread(threading.Thread):
         self._on_command = on_command
         self._global_step = global_step or (lambda: 0)
         self._stop_event = threading.Event()
+        self._sampler = ResourceSampler()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
             try:
-                commands = self._client.heartbeat(collect_resource_stats(), self._global_step())
+                commands = self._client.heartbeat(self._sampler.sample(), self._global_step())
                 for cmd in commands:
                     if self._on_command:
                         self._on_command(cmd)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from dlrover_tf.dataset import ProgressReporter, ShardedDataset
+from dlrover_tf.dataset import ShardedDataset
 
 
 def main() -> int:
@@ -30,16 +30,13 @@ def main() -> int:
     step_seconds = float(os.environ.get("FAKE_STEP_SECONDS", "0.002"))
     ids_dir = os.environ["FAKE_IDS_DIR"]
     node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"
-    reporter = ProgressReporter(ds)
     steps = 0
     with open(os.path.join(ids_dir, node + ".ids"), "ab", buffering=0) as out:
         for batch in ds.batches():
-            reporter.before_step()
             time.sleep(step_seconds)
             out.write(np.asarray(batch, dtype=np.int64).tobytes())
             steps += 1
-            reporter.after_step(steps)
-    reporter.flush()
+            ds.step_done(steps)
     ds.close()
     return 0
 

@@ -1,0 +1,110 @@
+"""Steps/s of the TF example job with and without the dlrover sharded input and hooks.
+
+Runs examples/tf/job.yaml through `dlrover submit` alternately with `--input plain` (a plain
+tf.data pipeline, each trainer reading its fixed 1/n of the records: the baseline) and
+`--input dlrover` (ShardedDataset + ShardProgressHook), same cluster, same records. The
+figure is the cluster's training rate: the sum over chief and workers of each task's local
+steps / its training seconds, as each task logs at its end. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "tf")
+TARGET_RATIO = 0.95
+_TRAINED = re.compile(r"trained (\d+) local steps in ([\d.]+) s from the first step")
+
+
+def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
+    """One job in `mode`; returns per-task steps and seconds, and the cluster rate."""
+    with open(os.path.join(EXAMPLE, "job.yaml")) as f:
+        job = yaml.safe_load(f)
+    command = [c for c in job["command"]]
+    command[1] = os.path.join(EXAMPLE, "wide_deep.py")
+    for flag, value in (("--input", mode), ("--records", str(records)), ("--epochs", str(epochs))):
+        command[command.index(flag) + 1] = value
+    job["command"] = command
+    job["workdir"] = workdir
+    job["name"] = f"bench-{mode}"
+    spec_path = os.path.join(workdir, f"job-{mode}.yaml")
+    with open(spec_path, "w") as f:
+        yaml.safe_dump(job, f)
+    run_dir = tempfile.mkdtemp(prefix=f"run-{mode}-", dir=workdir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "master.cli", "master", spec_path, "--run-dir", run_dir],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} run failed ({run_dir}):\n{proc.stderr[-3000:]}")
+    tasks = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "logs", "*.log"))):
+        name = os.path.basename(path)
+        if name.startswith("ps-"):
+            continue
+        with open(path, errors="replace") as f:
+            m = _TRAINED.search(f.read())
+        if m:
+            tasks[name] = {"steps": int(m.group(1)), "seconds": float(m.group(2))}
+    if not tasks:
+        raise RuntimeError(f"no task reported its training time in {run_dir}/logs")
+    rate = sum(t["steps"] / t["seconds"] for t in tasks.values() if t["seconds"] > 0)
+    return {"mode": mode, "tasks": tasks, "steps_per_s": rate}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating")
+    p.add_argument("--records", type=int, default=160_000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--json-only", action="store_true")
+    args = p.parse_args()
+    runs: dict[str, list[float]] = {"plain": [], "dlrover": []}
+    with tempfile.TemporaryDirectory(prefix="bench-tf-") as workdir:
+        for i in range(args.repeats):
+            for mode in ("plain", "dlrover") if i % 2 == 0 else ("dlrover", "plain"):
+                r = run_once(mode, args.records, args.epochs, workdir)
+                runs[mode].append(r["steps_per_s"])
+                if not args.json_only:
+                    per_task = ", ".join(
+                        f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}"
+                        for k, v in r["tasks"].items()
+                    )
+                    print(f"{mode:8s} run {i + 1}: {r['steps_per_s']:7.1f} steps/s ({per_task})")
+    plain = statistics.median(runs["plain"])
+    dlrover = statistics.median(runs["dlrover"])
+    ratio = dlrover / plain
+    if not args.json_only:
+        print(
+            f"median steps/s: plain {plain:.1f}, dlrover {dlrover:.1f}; "
+            f"ratio {ratio:.3f} (target >= {TARGET_RATIO})"
+        )
+    doc = {
+        "benchmark": "tf_hooks",
+        "plain_steps_per_s": [round(x, 2) for x in runs["plain"]],
+        "dlrover_steps_per_s": [round(x, 2) for x in runs["dlrover"]],
+        "median_plain": round(plain, 2),
+        "median_dlrover": round(dlrover, 2),
+        "ratio": round(ratio, 4),
+        "target_met": ratio >= TARGET_RATIO,
+    }
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
