@@ -3,13 +3,17 @@
 Runs examples/tf/job.yaml through `dlrover submit` alternately with `--input plain` (a plain
 tf.data pipeline, each trainer reading its fixed 1/n of the records: the baseline) and
 `--input dlrover` (ShardedDataset + ShardProgressHook), same cluster, same records. The
-figure is the cluster's training rate: the sum over chief and workers of each task's local
-steps / its training seconds, as each task logs at its end. Ends with one JSON line.
+figure is the cluster's training rate: all local steps of chief and workers divided by the
+time from the first step of any task to the end of the last one (each task logs its steps
+and training seconds at its end, with a timestamp). Per-task rates alone would mislead:
+with fixed input splits fast workers finish early and sit idle while the slowest one ends
+the job. Ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -24,7 +28,11 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 TARGET_RATIO = 0.95
-_TRAINED = re.compile(r"trained (\d+) local steps in ([\d.]+) s from the first step")
+_TRAINED = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*trained (\d+) local steps in ([\d.]+) s "
+    r"from the first step",
+    re.M,
+)
 
 
 def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
@@ -59,11 +67,15 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
         with open(path, errors="replace") as f:
             m = _TRAINED.search(f.read())
         if m:
-            tasks[name] = {"steps": int(m.group(1)), "seconds": float(m.group(2))}
+            end = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            seconds = float(m.group(3))
+            tasks[name] = {"steps": int(m.group(2)), "seconds": seconds, "start": end - seconds}
+            tasks[name]["end"] = end
     if not tasks:
         raise RuntimeError(f"no task reported its training time in {run_dir}/logs")
-    rate = sum(t["steps"] / t["seconds"] for t in tasks.values() if t["seconds"] > 0)
-    return {"mode": mode, "tasks": tasks, "steps_per_s": rate}
+    window = max(t["end"] for t in tasks.values()) - min(t["start"] for t in tasks.values())
+    rate = sum(t["steps"] for t in tasks.values()) / window
+    return {"mode": mode, "tasks": tasks, "steps_per_s": rate, "window_s": window}
 
 
 def main() -> int:
@@ -84,7 +96,10 @@ def main() -> int:
                         f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}"
                         for k, v in r["tasks"].items()
                     )
-                    print(f"{mode:8s} run {i + 1}: {r['steps_per_s']:7.1f} steps/s ({per_task})")
+                    print(
+                        f"{mode:8s} run {i + 1}: {r['steps_per_s']:7.1f} steps/s over "
+                        f"{r['window_s']:.1f} s (per task: {per_task})"
+                    )
     plain = statistics.median(runs["plain"])
     dlrover = statistics.median(runs["dlrover"])
     ratio = dlrover / plain

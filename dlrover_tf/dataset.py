@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from master.client import HeartbeatThread, MasterClient, StaleNodeError
+from master.client import HeartbeatThread, MasterClient, ProgressStream
 from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class ShardedDataset:
         self._own_client = client is None
         self.client = client or MasterClient.from_env()
         self.tracker = BatchTracker()
+        self._progress = ProgressStream(self.client)
         self._heartbeat: HeartbeatThread | None = None
         if self._own_client and self.client.node is not None:
             reply = self.client.register(socket.gethostname(), os.getpid())
@@ -156,19 +157,21 @@ class ShardedDataset:
     def step_done(self, global_step: int = 0) -> None:
         """Report that one training step consumed the oldest produced batch.
 
-        Synchronous on purpose: the report of step n is acknowledged before step n+1 can
-        run, so after a crash only the batch of the step in flight can be ambiguous. (A
-        gRPC future would also cost a polling thread per call in Python.)
+        Reports go out on a progress stream: no round trip per step, and the report of
+        step n is on the wire before step n+1 runs (see master.client.ProgressStream).
         """
         segments = self.tracker.consume()
-        if not segments:
-            return
-        try:
-            self.client.report_progress(self.name, segments, global_step)
-        except StaleNodeError as e:
-            log.warning("progress report refused as stale (shard re-queued meanwhile): %s", e)
+        if segments:
+            self._progress.send(self.name, segments, global_step)
+
+    def flush(self) -> None:
+        """Wait until the master has applied every report sent so far."""
+        reply = self._progress.close()
+        if reply is not None and reply.stale:
+            log.warning("%d progress reports were for shards re-queued meanwhile", reply.stale)
 
     def close(self) -> None:
+        self.flush()
         if self._heartbeat:
             self._heartbeat.stop()
         if self._own_client:

@@ -26,6 +26,9 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
         step = run_values.results if self._global_step is not None else 0
         self._dataset.step_done(int(step or 0))
 
+    def end(self, session) -> None:
+        self._dataset.flush()
+
 
 class ShardProgressCallback(tf.keras.callbacks.Callback):
     """The Keras counterpart of ShardProgressHook: reports each completed batch."""
@@ -33,7 +36,12 @@ class ShardProgressCallback(tf.keras.callbacks.Callback):
     def __init__(self, dataset: ShardedDataset) -> None:
         super().__init__()
         self._dataset = dataset
+        self._steps = 0
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer else 0
-        self._dataset.step_done(step)
+        # A local count: reading optimizer.iterations would cost a PS round trip per batch.
+        self._steps += 1
+        self._dataset.step_done(self._steps)
+
+    def on_train_end(self, logs=None) -> None:
+        self._dataset.flush()

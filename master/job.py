@@ -28,11 +28,14 @@ from master.nodes.model import ExitReason, Node, NodeState
 from master.nodes.policy import Action, JobOutcome, classify_exit, decide_on_exit, training_finished
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
 from master.sharding.service import ShardingService
+from master.sharding.streams import StreamRegistry
 from master.state.api import StateStore
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.2
+# How long a node's end waits for the reports it already sent before its shards go back.
+STREAM_DRAIN_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 JOB_TABLE = "job"
@@ -87,6 +90,7 @@ class JobMaster:
         self.runtime = runtime
         self.nodes = NodeManager(store)
         self.sharding = ShardingService(store)
+        self.progress_streams = StreamRegistry()
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
@@ -231,6 +235,10 @@ class JobMaster:
         node = self.nodes.get(event.id)
         if node is None or node.state.ended:
             return
+        # Reports the node wrote before it died are still arriving on its stream: apply them
+        # first, so only what it really did not consume is re-queued.
+        if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
+            log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
         lost = node.extra.get("heartbeat_lost", False)
         reason = (
             ExitReason.HEARTBEAT_LOST

@@ -189,7 +189,39 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.job.sharding.report(request.dataset, node.id, reports)
         if request.global_step:
             self.job.note_global_step(request.global_step)
-        return data_pb2.ReportProgressReply()
+        return data_pb2.ReportProgressReply(applied=len(reports))
+
+    @_guard
+    def StreamProgress(self, request_iterator, context):  # noqa: N802
+        """Apply a node's per-step reports in order; stale shard reports are skipped."""
+        node_id = None
+        applied = stale = 0
+        streams = self.job.progress_streams
+        try:
+            for request in request_iterator:
+                node = self._node(request.node)
+                if node_id is None:
+                    node_id = node.id
+                    streams.opened(node_id)
+                elif node.id != node_id:
+                    raise ValueError("a progress stream must carry one node's reports only")
+                if request.global_step < 0:
+                    raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+                for r in request.reports:
+                    try:
+                        self.job.sharding.report(
+                            request.dataset, node.id, [(r.shard_id, r.records_consumed)]
+                        )
+                        applied += 1
+                    except StaleShardError as e:
+                        stale += 1
+                        log.info("skipped a stale progress report: %s", e)
+                if request.global_step:
+                    self.job.note_global_step(request.global_step)
+        finally:
+            if node_id is not None:
+                streams.closed(node_id)
+        return data_pb2.ReportProgressReply(applied=applied, stale=stale)
 
     @_guard
     def ReturnShards(self, request, context):  # noqa: N802

@@ -100,8 +100,12 @@ class ReportProgressRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., global_step: _Optional[int] = ...) -> None: ...
 
 class ReportProgressReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("applied", "stale")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    stale: int
+    def __init__(self, applied: _Optional[int] = ..., stale: _Optional[int] = ...) -> None: ...
 
 class ReturnShardsRequest(_message.Message):
     __slots__ = ("node", "dataset")

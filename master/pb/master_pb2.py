@@ -18,7 +18,7 @@ from master.pb import nodes_pb2 as master_dot_pb_dot_nodes__pb2
 from master.pb import data_pb2 as master_dot_pb_dot_data__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16master/pb/master.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\x1a\x17master/pb/cluster.proto\x1a\x15master/pb/nodes.proto\x1a\x14master/pb/data.proto2\x94\x06\n\x06Master\x12\x46\n\x0cRegisterNode\x12\x1b.dlrover.v1.RegisterRequest\x1a\x19.dlrover.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.dlrover.v1.HeartbeatRequest\x1a\x1a.dlrover.v1.HeartbeatReply\x12\x37\n\nReportExit\x12\x16.dlrover.v1.ExitReport\x1a\x11.dlrover.v1.Empty\x12\x38\n\x0cGetJobStatus\x12\x11.dlrover.v1.Empty\x1a\x15.dlrover.v1.JobStatus\x12>\n\x0eGetClusterSpec\x12\x13.dlrover.v1.NodeRef\x1a\x17.dlrover.v1.ClusterSpec\x12Q\n\rCreateDataset\x12 .dlrover.v1.CreateDatasetRequest\x1a\x1e.dlrover.v1.CreateDatasetReply\x12\x42\n\x08GetShard\x12\x1b.dlrover.v1.GetShardRequest\x1a\x19.dlrover.v1.GetShardReply\x12T\n\x0eReportProgress\x12!.dlrover.v1.ReportProgressRequest\x1a\x1f.dlrover.v1.ReportProgressReply\x12N\n\x0cReturnShards\x12\x1f.dlrover.v1.ReturnShardsRequest\x1a\x1d.dlrover.v1.ReturnShardsReply\x12\x43\n\nSaveLedger\x12\x19.dlrover.v1.LedgerRequest\x1a\x1a.dlrover.v1.LedgerSnapshot\x12\x46\n\rRestoreLedger\x12\x19.dlrover.v1.LedgerRequest\x1a\x1a.dlrover.v1.LedgerSnapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16master/pb/master.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\x1a\x17master/pb/cluster.proto\x1a\x15master/pb/nodes.proto\x1a\x14master/pb/data.proto2\xec\x06\n\x06Master\x12\x46\n\x0cRegisterNode\x12\x1b.dlrover.v1.RegisterRequest\x1a\x19.dlrover.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.dlrover.v1.HeartbeatRequest\x1a\x1a.dlrover.v1.HeartbeatReply\x12\x37\n\nReportExit\x12\x16.dlrover.v1.ExitReport\x1a\x11.dlrover.v1.Empty\x12\x38\n\x0cGetJobStatus\x12\x11.dlrover.v1.Empty\x1a\x15.dlrover.v1.JobStatus\x12>\n\x0eGetClusterSpec\x12\x13.dlrover.v1.NodeRef\x1a\x17.dlrover.v1.ClusterSpec\x12Q\n\rCreateDataset\x12 .dlrover.v1.CreateDatasetRequest\x1a\x1e.dlrover.v1.CreateDatasetReply\x12\x42\n\x08GetShard\x12\x1b.dlrover.v1.GetShardRequest\x1a\x19.dlrover.v1.GetShardReply\x12T\n\x0eReportProgress\x12!.dlrover.v1.ReportProgressRequest\x1a\x1f.dlrover.v1.ReportProgressReply\x12V\n\x0eStreamProgress\x12!.dlrover.v1.ReportProgressRequest\x1a\x1f.dlrover.v1.ReportProgressReply(\x01\x12N\n\x0cReturnShards\x12\x1f.dlrover.v1.ReturnShardsRequest\x1a\x1d.dlrover.v1.ReturnShardsReply\x12\x43\n\nSaveLedger\x12\x19.dlrover.v1.LedgerRequest\x1a\x1a.dlrover.v1.LedgerSnapshot\x12\x46\n\rRestoreLedger\x12\x19.dlrover.v1.LedgerRequest\x1a\x1a.dlrover.v1.LedgerSnapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -26,5 +26,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'master.pb.master_pb2', _glo
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _globals['_MASTER']._serialized_start=133
-  _globals['_MASTER']._serialized_end=921
+  _globals['_MASTER']._serialized_end=1009
 # @@protoc_insertion_point(module_scope)

@@ -57,6 +57,11 @@ class MasterStub(object):
                 request_serializer=master_dot_pb_dot_data__pb2.ReportProgressRequest.SerializeToString,
                 response_deserializer=master_dot_pb_dot_data__pb2.ReportProgressReply.FromString,
                 )
+        self.StreamProgress = channel.stream_unary(
+                '/dlrover.v1.Master/StreamProgress',
+                request_serializer=master_dot_pb_dot_data__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=master_dot_pb_dot_data__pb2.ReportProgressReply.FromString,
+                )
         self.ReturnShards = channel.unary_unary(
                 '/dlrover.v1.Master/ReturnShards',
                 request_serializer=master_dot_pb_dot_data__pb2.ReturnShardsRequest.SerializeToString,
@@ -125,6 +130,15 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamProgress(self, request_iterator, context):
+        """Per-step progress without a round trip per step: the node streams its reports; the
+        master applies them in order and, when the node ends, drains the stream before it
+        re-queues the node's shards, so nothing the node sent is lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReturnShards(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -183,6 +197,11 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'ReportProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportProgress,
+                    request_deserializer=master_dot_pb_dot_data__pb2.ReportProgressRequest.FromString,
+                    response_serializer=master_dot_pb_dot_data__pb2.ReportProgressReply.SerializeToString,
+            ),
+            'StreamProgress': grpc.stream_unary_rpc_method_handler(
+                    servicer.StreamProgress,
                     request_deserializer=master_dot_pb_dot_data__pb2.ReportProgressRequest.FromString,
                     response_serializer=master_dot_pb_dot_data__pb2.ReportProgressReply.SerializeToString,
             ),
@@ -342,6 +361,23 @@ class Master(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/ReportProgress',
+            master_dot_pb_dot_data__pb2.ReportProgressRequest.SerializeToString,
+            master_dot_pb_dot_data__pb2.ReportProgressReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamProgress(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/dlrover.v1.Master/StreamProgress',
             master_dot_pb_dot_data__pb2.ReportProgressRequest.SerializeToString,
             master_dot_pb_dot_data__pb2.ReportProgressReply.FromString,
             options, channel_credentials,
