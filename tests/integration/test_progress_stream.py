@@ -1,0 +1,58 @@
+"""Per-step progress on a stream: applied in order, stale reports skipped, drained at death."""
+
+import threading
+import time
+
+from master.client import ProgressStream
+from master.pb import data_pb2
+from master.platform.api import NodeEvent
+
+
+def make_dataset(client, size=1000, per_shard=100):
+    client.create_dataset(
+        data_pb2.DatasetSpec(
+            name="d", size=size, batch_size=10, epochs=1, records_per_shard=per_shard
+        )
+    )
+
+
+def test_stream_applies_reports_in_order_and_skips_stale_ones(harness):
+    c = harness.client(0)
+    make_dataset(c)
+    a = c.get_shard("d").shard
+    b = c.get_shard("d").shard
+    stream = ProgressStream(c)
+    for consumed in range(10, 101, 10):
+        stream.send("d", [(a.shard_id, consumed)], global_step=consumed)
+    c.return_shards("d")  # b goes back to todo: its id is stale from now on
+    stream.send("d", [(b.shard_id, 10)])
+    reply = stream.close()
+    assert (reply.applied, reply.stale) == (10, 1)
+    stats = harness.job.sharding.stats()[0]
+    assert stats.records_done == 100 and stats.records_todo == 900
+    assert harness.job.global_step == 100
+
+
+def test_node_end_waits_for_its_stream_before_requeueing(harness):
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    stream = ProgressStream(c)
+    stream.send("d", [(shard.shard_id, 10)])
+    time.sleep(0.2)
+    node = harness.nodes[0]
+
+    def late_reports_then_close():
+        time.sleep(0.3)
+        stream.send("d", [(shard.shard_id, 40)])
+        stream.close()
+
+    t = threading.Thread(target=late_reports_then_close)
+    t.start()
+    harness.job._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+    t.join()
+    stats = harness.job.sharding.stats()[0]
+    # The report sent after the process "died" but before its stream closed counts.
+    assert stats.records_done == 40
+    assert stats.records_todo == 960
+    assert harness.job.nodes.get(node.id).state.value == "failed"
