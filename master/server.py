@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import dataclasses
 import hmac
 import logging
 import socket
@@ -23,6 +24,7 @@ from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDa
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 60_000
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 _EXIT_REASONS = {
     nodes_pb2.SUCCEEDED: ExitReason.SUCCEEDED,
     nodes_pb2.OOM: ExitReason.OOM,
@@ -143,16 +145,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_guard
     def CreateDataset(self, request, context):  # noqa: N802
         self._node(request.node)
-        s = request.spec
-        spec = DatasetSpec(
-            name=s.name,
-            size=s.size,
-            batch_size=s.batch_size,
-            records_per_shard=s.records_per_shard,
-            epochs=s.epochs,
-            shuffle=s.shuffle,
-            seed=s.seed,
-        )
+        spec = DatasetSpec(**{f: getattr(request.spec, f) for f in _SPEC_FIELDS})
         return data_pb2.CreateDatasetReply(created=self.job.sharding.create(spec))
 
     @_guard
@@ -256,15 +249,7 @@ def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:
     snap = data_pb2.LedgerSnapshot(
         dataset=spec.get("name", ""),
         global_step=int(data.get("global_step", 0)),
-        spec=data_pb2.DatasetSpec(
-            name=spec.get("name", ""),
-            size=spec.get("size", 0),
-            batch_size=spec.get("batch_size", 0),
-            records_per_shard=spec.get("records_per_shard", 0),
-            epochs=spec.get("epochs", 1),
-            shuffle=spec.get("shuffle", False),
-            seed=spec.get("seed", 0),
-        ),
+        spec=data_pb2.DatasetSpec(**{f: spec[f] for f in _SPEC_FIELDS if f in spec}),
         epoch=int(data.get("epoch", -1)),
         records_done=int(data.get("records_done", 0)),
         records_redone=int(data.get("records_redone", 0)),
@@ -296,17 +281,7 @@ def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
             address=n.address,
         )
     for s in job.sharding.stats():
-        status.datasets.add(
-            name=s.name,
-            size=s.size,
-            epochs=s.epochs,
-            current_epoch=s.current_epoch,
-            records_done=s.records_done,
-            records_redone=s.records_redone,
-            records_todo=s.records_todo,
-            records_doing=s.records_doing,
-            finished=s.finished,
-        )
+        status.datasets.add(**dataclasses.asdict(s))
     return status
 
 

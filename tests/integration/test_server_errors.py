@@ -131,3 +131,29 @@ def test_ledger_snapshot_and_restore(harness):
     with pytest.raises(MasterError) as e:
         c.restore_ledger("d", 8)
     assert e.value.code == grpc.StatusCode.NOT_FOUND and "saved steps: [7]" in str(e.value)
+
+
+def _status(addr, token_file):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "master.cli", "status", "--addr", addr, "--token-file", token_file],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_status_command_prints_the_running_job(harness, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    harness.client(0).create_dataset(spec())
+    out = _status(harness.addr, str(token_file))
+    assert out.returncode == 0, out.stderr
+    assert "job harness: pending" in out.stdout
+    assert "dataset d: 0/100 records done" in out.stdout
+    assert "worker-3 id 4: running" in out.stdout
+    token_file.write_text("wrong")
+    out = _status(harness.addr, str(token_file))
+    assert out.returncode == 2 and "refused the job token" in out.stderr
