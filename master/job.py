@@ -240,6 +240,7 @@ class JobMaster:
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
         lost = node.extra.get("heartbeat_lost", False)
+        reported = node.extra.get("reported_exit")
         reason = (
             ExitReason.HEARTBEAT_LOST
             if lost
@@ -247,9 +248,11 @@ class JobMaster:
                 event.exit_code,
                 oom_killed=event.oom_killed,
                 stop_requested=node.stop_requested or self.state.ended,
+                reported=reported[0] if reported else None,
             )
         )
-        node = self.nodes.mark_exited(event.id, event.exit_code, reason, event.message)
+        message = reported[1] if reported and reported[1] else event.message
+        node = self.nodes.mark_exited(event.id, event.exit_code, reason, message)
         if node is None:
             return
         requeued = self.sharding.release_everywhere(node.id)

@@ -124,11 +124,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_guard
     def ReportExit(self, request, context):  # noqa: N802
         node = self._node(request.node)
-        node.extra["reported_exit"] = {
-            "code": request.exit_code,
-            "reason": _EXIT_REASONS.get(request.reason, ExitReason.UNKNOWN).value,
-            "message": request.message[-4000:],
-        }
+        if request.reason not in nodes_pb2.ExitReason.values():
+            raise ValueError(f"unknown exit reason {request.reason}")
+        # Applied when the platform sees the process end (JobMaster._on_node_exit).
+        node.extra["reported_exit"] = (
+            _EXIT_REASONS.get(request.reason, ExitReason.UNKNOWN),
+            request.message[-4000:],
+        )
         return common_pb2.Empty()
 
     @_guard

@@ -14,15 +14,24 @@ EXIT_CODE_SIGKILL_SHELL = 128 + signal.SIGKILL
 
 
 def classify_exit(
-    exit_code: int, oom_killed: bool = False, stop_requested: bool = False
+    exit_code: int,
+    oom_killed: bool = False,
+    stop_requested: bool = False,
+    reported: ExitReason | None = None,
 ) -> ExitReason:
-    """Map a process exit status (negative = killed by that signal) to an exit reason."""
+    """Map a process exit status (negative = killed by that signal) to an exit reason.
+
+    `reported` is what the node said of its own failure before it ended (ReportExit); it
+    wins over the exit code, which cannot tell a CUDA OOM or a hardware fault from a bug.
+    """
     if stop_requested:
         return ExitReason.STOPPED
     if oom_killed:
         return ExitReason.OOM
     if exit_code == 0:
         return ExitReason.SUCCEEDED
+    if reported is not None and reported not in (ExitReason.NONE, ExitReason.SUCCEEDED):
+        return reported
     if exit_code < 0 or exit_code == EXIT_CODE_SIGKILL_SHELL or exit_code == 128 + signal.SIGTERM:
         return ExitReason.KILLED
     if exit_code in (1, 2):

@@ -56,3 +56,16 @@ def test_node_end_waits_for_its_stream_before_requeueing(harness):
     assert stats.records_done == 40
     assert stats.records_todo == 960
     assert harness.job.nodes.get(node.id).state.value == "failed"
+
+
+def test_reported_exit_reason_and_message_are_used_when_the_node_ends(harness):
+    from master.pb import nodes_pb2
+
+    c = harness.client(1)
+    c.report_exit(1, nodes_pb2.HARDWARE, "ECC error on GPU 0")
+    node = harness.nodes[1]
+    harness.job._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=1))
+    ended = harness.job.nodes.get(node.id)
+    assert ended.exit_reason.value == "hardware"
+    assert ended.exit_message == "ECC error on GPU 0"
+    assert any("hardware" in e.message for e in harness.job.events)

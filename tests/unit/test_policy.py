@@ -84,3 +84,10 @@ def test_heartbeat_lost_only_for_registered_running_nodes():
     n.registered = True
     assert heartbeat_lost(n, 200.0, 10.0)
     assert not heartbeat_lost(n, 105.0, 10.0)
+
+
+def test_reported_reason_wins_over_the_exit_code_but_not_over_success():
+    assert classify_exit(1, reported=ExitReason.HARDWARE) == ExitReason.HARDWARE
+    assert classify_exit(-9, reported=ExitReason.OOM) == ExitReason.OOM
+    assert classify_exit(0, reported=ExitReason.HARDWARE) == ExitReason.SUCCEEDED
+    assert classify_exit(1, stop_requested=True, reported=ExitReason.OOM) == ExitReason.STOPPED
