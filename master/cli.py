@@ -8,6 +8,7 @@ import sys
 
 from master.config import MasterConfig, SpecError, load_job_spec
 from master.faults import FaultSpecError, parse_fault
+from master.platform.factory import PLATFORMS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,7 +21,14 @@ def _parser() -> argparse.ArgumentParser:
     ):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("job_yaml", help="the job spec (see README: 'The job YAML')")
-        s.add_argument("--platform", default="local", choices=["local"], help="where nodes run")
+        s.add_argument(
+            "--platform", default="local", choices=PLATFORMS, help="where nodes run (default local)"
+        )
+        s.add_argument(
+            "--ray-address",
+            default="",
+            help="with --platform ray: the cluster (default: start one)",
+        )
         s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
         s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
         s.add_argument("--run-dir", default="", help="logs, state and model dir of this run")
@@ -66,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         faults=faults,
         status_interval=args.status_interval,
         quiet=args.cmd == "master",
+        platform=args.platform,
+        platform_options={"address": args.ray_address} if args.platform == "ray" else {},
     )
     try:
         return run_job(spec, opts)

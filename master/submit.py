@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from master.config import JobSpec, MasterConfig
 from master.faults import Fault
 from master.job import JobEvent, JobMaster, JobRuntime, JobState
-from master.platform.local import LocalPlatform
+from master.platform.factory import create_platform
 from master.server import advertised_host, job_status_pb, start_server
 from master.state.sqlite import SQLiteStateStore
 
@@ -40,6 +41,8 @@ class SubmitOptions:
     faults: tuple[Fault, ...] = ()
     status_interval: float = 2.0
     quiet: bool = False
+    platform: str = "local"
+    platform_options: Mapping[str, str] = field(default_factory=dict)
 
 
 def default_run_dir(spec: JobSpec) -> str:
@@ -176,7 +179,7 @@ def print_summary(summary: dict, out: TextIO) -> None:
 
 
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
-    """Run the job on the local platform; returns the process exit code (0 only on success)."""
+    """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success."""
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     cfg = opts.master
@@ -184,7 +187,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg = replace(cfg, state_path=os.path.join(run_dir, "state.sqlite"))
     token_file = write_token(run_dir, cfg.job_token)
     store = SQLiteStateStore(cfg.state_path)
-    platform = LocalPlatform(host=advertised_host(cfg.host))
+    platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
     runtime = JobRuntime(run_dir=run_dir, master_addr="", token_file=token_file)
     job = JobMaster(

@@ -1,0 +1,27 @@
+"""Build the platform a job runs on from its name: local (default), ray or k8s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from master.platform.api import Platform
+
+PLATFORMS = ("local", "ray", "k8s")
+
+
+def create_platform(kind: str, host: str, options: Mapping[str, str] | None = None) -> Platform:
+    """The platform named `kind`; SDK-backed ones are imported only when asked for."""
+    options = dict(options or {})
+    if kind == "local":
+        from master.platform.local import LocalPlatform
+
+        return LocalPlatform(host=host)
+    if kind == "ray":
+        from master.platform.ray_platform import RayPlatform
+
+        return RayPlatform(host=host, **options)
+    if kind == "k8s":
+        from master.platform.kubernetes import KubernetesPlatform
+
+        return KubernetesPlatform(host=host, **options)
+    raise ValueError(f"unknown platform {kind!r}; use one of {', '.join(PLATFORMS)}")
