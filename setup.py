@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 TF = ["tensorflow-cpu==2.15.1", "tensorflow-estimator==2.15.0", "keras==2.15.0", "numpy==1.26.4"]
 TORCH = ["torch==2.13.0"]
 RAY = ["ray==2.60.0"]
-K8S = ["kubernetes"]
+K8S = ["kubernetes==37.0.2"]
 DEV = ["pytest", "pytest-timeout", "hypothesis", "ruff", "grpcio-tools==1.62.3"]
 
 setup(
