@@ -77,6 +77,9 @@ class JobSpec:
     heartbeat_timeout_seconds: float = 15.0
     # After training ends, how long evaluators may keep running before being stopped.
     evaluator_grace_seconds: float = 60.0
+    # A chief or worker that holds shards but reports no step for this long is hung: it is
+    # restarted and its shards re-queued. 0 turns hang detection off.
+    hang_timeout_seconds: float = 300.0
     source: str = "<spec>"  # file it came from, for messages
 
     def __post_init__(self) -> None:
@@ -302,6 +305,10 @@ def _validate_job(spec: JobSpec) -> None:
     setf(
         "evaluator_grace_seconds",
         _as_seconds(spec.evaluator_grace_seconds, src, "evaluator_grace_seconds", zero_ok=True),
+    )
+    setf(
+        "hang_timeout_seconds",
+        _as_seconds(spec.hang_timeout_seconds, src, "hang_timeout_seconds", zero_ok=True),
     )
 
     if spec.chief.replicas > 1:

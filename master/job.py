@@ -25,7 +25,14 @@ from master.config import NODE_TYPES, JobSpec
 from master.faults import Fault, due
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node, NodeState
-from master.nodes.policy import Action, JobOutcome, classify_exit, decide_on_exit, training_finished
+from master.nodes.policy import (
+    Action,
+    JobOutcome,
+    classify_exit,
+    decide_on_exit,
+    is_hung,
+    training_finished,
+)
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
 from master.sharding.service import ShardingService
 from master.sharding.streams import StreamRegistry
@@ -160,6 +167,7 @@ class JobMaster:
         except queue.Empty:
             pass
         self._check_heartbeats()
+        self._check_hangs()
         self._inject_faults()
         self._check_completion()
 
@@ -239,18 +247,18 @@ class JobMaster:
         # first, so only what it really did not consume is re-queued.
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
-        lost = node.extra.get("heartbeat_lost", False)
         reported = node.extra.get("reported_exit")
-        reason = (
-            ExitReason.HEARTBEAT_LOST
-            if lost
-            else classify_exit(
+        if node.extra.get("heartbeat_lost"):
+            reason = ExitReason.HEARTBEAT_LOST
+        elif node.extra.get("hung"):
+            reason = ExitReason.HANG
+        else:
+            reason = classify_exit(
                 event.exit_code,
                 oom_killed=event.oom_killed,
                 stop_requested=node.stop_requested or self.state.ended,
                 reported=reported[0] if reported else None,
             )
-        )
         message = reported[1] if reported and reported[1] else event.message
         node = self.nodes.mark_exited(event.id, event.exit_code, reason, message)
         if node is None:
@@ -291,6 +299,25 @@ class JobMaster:
                 "heartbeat_lost",
                 f"{node.name} (id {node.id}) sent no heartbeat for "
                 f"{self.spec.heartbeat_timeout_seconds:g}s; killing it",
+            )
+            if not self.platform.signal_node(node.id, signal.SIGKILL):
+                self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+
+    def _check_hangs(self) -> None:
+        timeout = self.spec.hang_timeout_seconds
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for node in self.nodes.all_current():
+            if node.extra.get("hung") or not is_hung(
+                node, now, timeout, self.sharding.holds_shards(node.id)
+            ):
+                continue
+            node.extra["hung"] = True
+            self._emit(
+                "hang",
+                f"{node.name} (id {node.id}) holds shards but made no step for {timeout:g}s; "
+                "restarting it",
             )
             if not self.platform.signal_node(node.id, signal.SIGKILL):
                 self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))

@@ -157,6 +157,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {request.wait_ms}")
         grant = self.job.sharding.get_shard(request.dataset, node.id, request.wait_ms / 1000)
         if grant.status == ShardStatus.SHARD:
+            self.job.nodes.note_progress(node)
             s = grant.shard
             return data_pb2.GetShardReply(
                 status=data_pb2.GetShardReply.SHARD,
@@ -182,6 +183,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
         reports = [(r.shard_id, r.records_consumed) for r in request.reports]
         self.job.sharding.report(request.dataset, node.id, reports)
+        self.job.nodes.note_progress(node)
         if request.global_step:
             self.job.note_global_step(request.global_step)
         return data_pb2.ReportProgressReply(applied=len(reports))
@@ -202,6 +204,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     raise ValueError("a progress stream must carry one node's reports only")
                 if request.global_step < 0:
                     raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+                self.job.nodes.note_progress(node)
                 for r in request.reports:
                     try:
                         self.job.sharding.report(

@@ -93,7 +93,7 @@ class NodeManager:
             node.state = NodeState.RUNNING
             node.address = address
             node.log_path = log_path
-            node.last_heartbeat = time.monotonic()
+            node.last_heartbeat = node.last_progress = time.monotonic()
             self._save(node)
 
     def on_register(self, node: Node) -> None:
@@ -112,6 +112,10 @@ class NodeManager:
             node.memory_rss_bytes = stats.memory_rss_bytes
             node.global_step = max(node.global_step, global_step)
             return self._commands.pop(node.id, [])
+
+    def note_progress(self, node: Node) -> None:
+        """The node took a shard or finished a step (used by hang detection)."""
+        node.last_progress = time.monotonic()
 
     def queue_command(self, node_id: int, command: nodes_pb2.Command) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ class ExitReason(str, enum.Enum):
     HARDWARE = "hardware"
     HEARTBEAT_LOST = "heartbeat_lost"
     STOPPED = "stopped"  # stopped by the master (job end, scale-in)
+    HANG = "hang"  # held shards but made no step progress for hang_timeout_seconds
     UNKNOWN = "unknown"
 
 
@@ -54,6 +55,7 @@ class Node:
     log_path: str = ""
     registered: bool = False
     last_heartbeat: float = 0.0
+    last_progress: float = 0.0  # monotonic time of the last shard taken or step reported
     global_step: int = 0
     cpu_percent: float = 0.0
     memory_rss_bytes: int = 0

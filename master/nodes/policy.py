@@ -116,3 +116,17 @@ def heartbeat_lost(node: Node, now: float, timeout: float) -> bool:
         and timeout > 0
         and now - node.last_heartbeat > timeout
     )
+
+
+def is_hung(node: Node, now: float, timeout: float, holds_shards: bool) -> bool:
+    """A running chief/worker that holds shards but took or reported nothing within `timeout`.
+
+    A node holding no shard may legitimately wait (for the last shards of others).
+    """
+    return (
+        node.type in TRAINING_TYPES
+        and node.state == NodeState.RUNNING
+        and holds_shards
+        and timeout > 0
+        and now - node.last_progress > timeout
+    )

@@ -167,6 +167,15 @@ class ShardingService:
                 out[name] = n
         return out
 
+    def holds_shards(self, holder: int) -> bool:
+        """Whether the holder has a shard of any dataset in doing."""
+        for name in self.names():
+            entry = self._datasets[name]
+            with entry.cond:
+                if entry.ledger.held_by(holder):
+                    return True
+        return False
+
     # -- ledger snapshots ---------------------------------------------------
 
     def save_snapshot(self, name: str, global_step: int) -> dict:

@@ -3,7 +3,8 @@
 Each step "trains" on one batch: it appends the indices to an ids file, then reports the
 step to the master, as the TF hooks do. Options come from the environment:
 FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (exit code 3
-at start, for relaunch tests).
+at start, for relaunch tests), FAKE_HANG_AT_STEP (the first incarnation to reach that
+step stops stepping but keeps its heartbeat, like a deadlocked training loop).
 """
 
 import os
@@ -13,6 +14,14 @@ import time
 import numpy as np
 
 from dlrover_tf.dataset import ShardedDataset
+
+
+def _first_to_hang(ids_dir: str) -> bool:
+    try:
+        os.close(os.open(os.path.join(ids_dir, "hung-once"), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
 
 
 def main() -> int:
@@ -29,6 +38,7 @@ def main() -> int:
     )
     step_seconds = float(os.environ.get("FAKE_STEP_SECONDS", "0.002"))
     ids_dir = os.environ["FAKE_IDS_DIR"]
+    hang_at = int(os.environ.get("FAKE_HANG_AT_STEP", "0"))
     node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"
     steps = 0
     with open(os.path.join(ids_dir, node + ".ids"), "ab", buffering=0) as out:
@@ -37,6 +47,8 @@ def main() -> int:
             out.write(np.asarray(batch, dtype=np.int64).tobytes())
             steps += 1
             ds.step_done(steps)
+            if hang_at and steps == hang_at and _first_to_hang(ids_dir):
+                time.sleep(3600)
     ds.close()
     return 0
 

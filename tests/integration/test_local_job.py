@@ -116,6 +116,21 @@ def test_frozen_worker_is_detected_by_heartbeat_loss_and_replaced(tmp_path):
     assert counts.min() == 2 and int((counts - 2).sum()) <= 16
 
 
+def test_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
+    job = write_job(
+        tmp_path,
+        env={"FAKE_STEP_SECONDS": "0.01", "FAKE_HANG_AT_STEP": "20"},
+        hang_timeout_seconds=2,
+    )
+    proc, summary = submit(job, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "made no step for 2s; restarting it" in proc.stdout
+    hung = [n for n in summary["nodes"] if n["exit_reason"] == "hang"]
+    assert len(hung) == 1 and hung[0]["type"] == "worker"
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2 and int((counts - 2).sum()) <= 16
+
+
 def _wait_for_node_process(tmp_path, prefix, timeout=30.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -91,3 +91,15 @@ def test_reported_reason_wins_over_the_exit_code_but_not_over_success():
     assert classify_exit(-9, reported=ExitReason.OOM) == ExitReason.OOM
     assert classify_exit(0, reported=ExitReason.HARDWARE) == ExitReason.SUCCEEDED
     assert classify_exit(1, stop_requested=True, reported=ExitReason.OOM) == ExitReason.STOPPED
+
+
+def test_is_hung_needs_held_shards_and_silence():
+    from master.nodes.policy import is_hung
+
+    n = node(state=NodeState.RUNNING)
+    n.last_progress = 100.0
+    assert is_hung(n, 200.0, 50.0, holds_shards=True)
+    assert not is_hung(n, 200.0, 50.0, holds_shards=False)  # waiting for others' last shards
+    assert not is_hung(n, 120.0, 50.0, holds_shards=True)
+    assert not is_hung(n, 200.0, 0.0, holds_shards=True)  # detection off
+    assert not is_hung(node("ps", state=NodeState.RUNNING), 200.0, 50.0, holds_shards=True)
