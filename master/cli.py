@@ -45,8 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
 
     st = sub.add_parser("status", help="print the status of a running job")
-    st.add_argument("--addr", required=True, help="master host:port")
-    st.add_argument("--token-file", required=True, help="the run's .job_token file")
+    sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
+    sc.add_argument("target", metavar="TYPE=N", help="e.g. worker=3")
+    sc.add_argument("--reason", default="", help="shown in the job's events")
+    for cmd in (st, sc):
+        cmd.add_argument("--addr", required=True, help="master host:port")
+        cmd.add_argument("--token-file", required=True, help="the run's .job_token file")
     return p
 
 
@@ -54,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "status":
         return _status(args)
+    if args.cmd == "scale":
+        return _scale(args)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.cmd == "master" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -84,13 +90,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _admin_client(args: argparse.Namespace):
+    from master.client import MasterClient, read_token
+
+    token = read_token({"DLROVER_JOB_TOKEN_FILE": args.token_file})
+    return MasterClient(args.addr, token, retry_seconds=2.0, call_timeout=30.0)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from master.client import MasterError
+
+    node_type, _, count = args.target.partition("=")
+    if not count.isdigit():
+        print(f"dlrover: error: {args.target!r}: expected TYPE=N, e.g. worker=3", file=sys.stderr)
+        return 2
+    try:
+        reply = _admin_client(args).scale(node_type, int(count), args.reason)
+    except MasterError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    version = reply.cluster_version
+    print(f"{node_type}: {reply.previous} -> {reply.replicas} (cluster version {version})")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
-    from master.client import MasterClient, MasterError, read_token
+    from master.client import MasterError
 
     try:
-        token = read_token({"DLROVER_JOB_TOKEN_FILE": args.token_file})
-        client = MasterClient(args.addr, token, retry_seconds=2.0, call_timeout=5.0)
-        status = client.job_status()
+        status = _admin_client(args).job_status()
     except MasterError as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2

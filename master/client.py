@@ -192,6 +192,10 @@ class MasterClient:
     def job_status(self) -> nodes_pb2.JobStatus:
         return self._call(self._stub.GetJobStatus, common_pb2.Empty())
 
+    def scale(self, node_type: str, replicas: int, reason: str = "") -> nodes_pb2.ScaleReply:
+        req = nodes_pb2.ScaleRequest(node_type=node_type, replicas=replicas, reason=reason)
+        return self._call(self._stub.Scale, req)
+
     def cluster_spec(self) -> cluster_pb2.ClusterSpec:
         return self._call(self._stub.GetClusterSpec, self._node_pb())
 

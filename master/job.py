@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from master.client import (
@@ -45,6 +46,8 @@ TICK_SECONDS = 0.2
 STREAM_DRAIN_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
+SCALABLE_TYPES = ("worker", "evaluator")
+MAX_REPLICAS = 1024
 JOB_TABLE = "job"
 
 
@@ -58,6 +61,15 @@ class JobState(str, enum.Enum):
     @property
     def ended(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    """What a scale request changed."""
+
+    previous: int
+    replicas: int
+    cluster_version: int
 
 
 @dataclass
@@ -108,6 +120,9 @@ class JobMaster:
         self._started = time.monotonic()
         self._training_done_at: float | None = None
         self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._scale_requests: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._replicas = {t: spec.group(t).replicas for t in NODE_TYPES}
+        self.cluster_version = 1
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.wall_seconds = 0.0
@@ -116,7 +131,27 @@ class JobMaster:
 
     @property
     def replicas(self) -> dict[str, int]:
-        return {t: self.spec.group(t).replicas for t in NODE_TYPES}
+        """How many ranks of each type the job has now (scaling changes it)."""
+        return dict(self._replicas)
+
+    def request_scale(
+        self, node_type: str, replicas: int, reason: str, timeout: float = 30.0
+    ) -> ScaleResult:
+        """Ask the control loop to run `replicas` nodes of `node_type`; waits until applied."""
+        if node_type not in SCALABLE_TYPES:
+            raise ValueError(
+                f"cannot scale {node_type!r} at run time; scalable types: "
+                f"{', '.join(SCALABLE_TYPES)} (PS scaling comes with PS migration)"
+            )
+        if not 0 <= replicas <= MAX_REPLICAS:
+            raise ValueError(f"replicas must be in [0, {MAX_REPLICAS}], got {replicas}")
+        if node_type == "worker" and replicas == 0 and self._replicas["chief"] == 0:
+            raise ValueError("the job has no chief: scaling workers to 0 would stop training")
+        if self.state.ended:
+            raise ValueError(f"the job has already ended ({self.state.value})")
+        done: Future = Future()
+        self._scale_requests.put((node_type, replicas, reason, done))
+        return done.result(timeout)
 
     def run(self) -> JobState:
         """Launch every node and run the control loop until the job ends."""
@@ -166,6 +201,7 @@ class JobMaster:
             return
         except queue.Empty:
             pass
+        self._apply_scale_requests()
         self._check_heartbeats()
         self._check_hangs()
         self._inject_faults()
@@ -302,6 +338,39 @@ class JobMaster:
             )
             if not self.platform.signal_node(node.id, signal.SIGKILL):
                 self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+
+    def _apply_scale_requests(self) -> None:
+        while True:
+            try:
+                node_type, replicas, reason, done = self._scale_requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.set_result(self._scale(node_type, replicas, reason))
+            except Exception as e:  # handed back to the caller of request_scale
+                done.set_exception(e)
+
+    def _scale(self, node_type: str, replicas: int, reason: str) -> ScaleResult:
+        previous = self._replicas[node_type]
+        if replicas == previous or self.state.ended:
+            return ScaleResult(previous, previous, self.cluster_version)
+        self._replicas[node_type] = replicas
+        if node_type != "evaluator":
+            self.cluster_version += 1
+        self._emit(
+            "scale",
+            f"{node_type} {previous} -> {replicas}" + (f" ({reason})" if reason else ""),
+        )
+        for rank in range(previous, replicas):
+            node = self.nodes.current(node_type, rank)
+            relaunches = node.relaunches + 1 if node is not None else 0
+            self._launch(node_type, rank, relaunches)
+        for rank in range(replicas, previous):
+            node = self.nodes.current(node_type, rank)
+            if node is not None and not node.state.ended:
+                # Its unconsumed records go back to todo when it has ended (_on_node_exit).
+                self._stop_node(node)
+        return ScaleResult(previous, replicas, self.cluster_version)
 
     def _check_hangs(self) -> None:
         timeout = self.spec.hang_timeout_seconds

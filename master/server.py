@@ -74,6 +74,8 @@ def _guard(method: Callable) -> Callable:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         except (BadReportError, ValueError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except TimeoutError:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time")
 
     wrapper.__name__ = method.__name__
     wrapper.__doc__ = method.__doc__
@@ -95,7 +97,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _cluster(self) -> cluster_pb2.ClusterSpec:
         cluster = self.job.tf_cluster()
         return cluster_pb2.ClusterSpec(
-            version=1,
+            version=self.job.cluster_version,
             ps=cluster.get("ps", []),
             chief=cluster.get("chief", []),
             worker=cluster.get("worker", []),
@@ -136,6 +138,17 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_guard
     def GetJobStatus(self, request, context):  # noqa: N802
         return job_status_pb(self.job)
+
+    @_guard
+    def Scale(self, request, context):  # noqa: N802
+        result = self.job.request_scale(
+            request.node_type, request.replicas, request.reason or "by command"
+        )
+        return nodes_pb2.ScaleReply(
+            previous=result.previous,
+            replicas=result.replicas,
+            cluster_version=result.cluster_version,
+        )
 
     @_guard
     def GetClusterSpec(self, request, context):  # noqa: N802

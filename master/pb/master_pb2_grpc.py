@@ -42,6 +42,11 @@ class MasterStub(object):
                 request_serializer=master_dot_pb_dot_common__pb2.NodeRef.SerializeToString,
                 response_deserializer=master_dot_pb_dot_cluster__pb2.ClusterSpec.FromString,
                 )
+        self.Scale = channel.unary_unary(
+                '/dlrover.v1.Master/Scale',
+                request_serializer=master_dot_pb_dot_nodes__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=master_dot_pb_dot_nodes__pb2.ScaleReply.FromString,
+                )
         self.CreateDataset = channel.unary_unary(
                 '/dlrover.v1.Master/CreateDataset',
                 request_serializer=master_dot_pb_dot_data__pb2.CreateDatasetRequest.SerializeToString,
@@ -107,6 +112,12 @@ class MasterServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetClusterSpec(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scale(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +195,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.GetClusterSpec,
                     request_deserializer=master_dot_pb_dot_common__pb2.NodeRef.FromString,
                     response_serializer=master_dot_pb_dot_cluster__pb2.ClusterSpec.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=master_dot_pb_dot_nodes__pb2.ScaleRequest.FromString,
+                    response_serializer=master_dot_pb_dot_nodes__pb2.ScaleReply.SerializeToString,
             ),
             'CreateDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateDataset,
@@ -312,6 +328,23 @@ class Master(object):
         return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/GetClusterSpec',
             master_dot_pb_dot_common__pb2.NodeRef.SerializeToString,
             master_dot_pb_dot_cluster__pb2.ClusterSpec.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/Scale',
+            master_dot_pb_dot_nodes__pb2.ScaleRequest.SerializeToString,
+            master_dot_pb_dot_nodes__pb2.ScaleReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -174,3 +174,23 @@ class JobStatus(_message.Message):
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetProgress]
     elapsed_seconds: float
     def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., global_step: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("node_type", "replicas", "reason")
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_type: str
+    replicas: int
+    reason: str
+    def __init__(self, node_type: _Optional[str] = ..., replicas: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ScaleReply(_message.Message):
+    __slots__ = ("previous", "replicas", "cluster_version")
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    previous: int
+    replicas: int
+    cluster_version: int
+    def __init__(self, previous: _Optional[int] = ..., replicas: _Optional[int] = ..., cluster_version: _Optional[int] = ...) -> None: ...

@@ -131,6 +131,51 @@ def test_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
     assert counts.min() == 2 and int((counts - 2).sum()) <= 16
 
 
+def _scale(addr, token_file, target):
+    return subprocess.run(
+        [*DLROVER, "scale", target, "--addr", addr, "--token-file", token_file],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_workers_scale_up_and_down_while_training(tmp_path):
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01", "FAKE_SIZE": "6000"})
+    p = subprocess.Popen(
+        [*DLROVER, "submit", job, "--summary-json", str(tmp_path / "s.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    try:
+        first = p.stdout.readline()
+        addr = first.split("master at ")[1].split(",")[0]
+        token_file = os.path.join(first.split("run dir ")[1].strip(), ".job_token")
+        _wait_for_node_process(tmp_path, "worker.1")
+        up = _scale(addr, token_file, "worker=3")
+        assert up.returncode == 0 and "worker: 2 -> 3 (cluster version 2)" in up.stdout, up
+        _wait_for_node_process(tmp_path, "worker.2")
+        down = _scale(addr, token_file, "worker=1")
+        assert down.returncode == 0 and "worker: 3 -> 1" in down.stdout, down
+        bad = _scale(addr, token_file, "ps=2")
+        assert bad.returncode == 2 and "cannot scale 'ps'" in bad.stderr
+        out = first + p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    summary = json.loads((tmp_path / "s.json").read_text())
+    by_rank = {(n["type"], n["rank"]): n for n in summary["nodes"]}
+    assert by_rank[("worker", 2)]["status"] == "deleted"
+    assert by_rank[("worker", 1)]["status"] == "deleted"
+    assert by_rank[("worker", 0)]["status"] == "succeeded"
+    counts = trained_counts(tmp_path, size=6000)
+    # Two workers were stopped mid-epoch: at most one batch each trained twice.
+    assert counts.min() == 2 and int((counts - 2).sum()) <= 2 * 16
+
+
 def _wait_for_node_process(tmp_path, prefix, timeout=30.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
