@@ -59,6 +59,14 @@ class NodeGroupSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # merged over JobSpec.env
     cpu: float = 0.0  # requested cores, 0 = unset (platforms may use it)
     memory_mb: int = 0  # 0 = unset
+    # Most ranks run-time scaling may reach; 0 = max(2 * replicas, replicas + 2). TF needs every
+    # worker slot in the cluster spec from the start, so a PS can reach workers added later.
+    max_replicas: int = 0
+
+    @property
+    def slots(self) -> int:
+        """How many ranks this group may ever have (max_replicas, or its default)."""
+        return self.max_replicas or max(2 * self.replicas, self.replicas + 2)
 
 
 @dataclass(frozen=True)
@@ -343,7 +351,20 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
         env=_as_env(group.env, src, p + "env"),
         cpu=_as_number(group.cpu, src, p + "cpu", "a number of cores, e.g. 2 or 0.5"),
         memory_mb=_as_int(group.memory_mb, src, p + "memory_mb", minimum=0),
+        max_replicas=_check_max_replicas(group, src, p + "max_replicas"),
     )
+
+
+def _check_max_replicas(group: NodeGroupSpec, src: str, path: str) -> int:
+    value = _as_int(group.max_replicas, src, path, minimum=0)
+    if 0 < value < group.replicas:
+        raise _spec_error(
+            src,
+            path,
+            f"{value} is below replicas ({group.replicas})",
+            f"Use a number >= {group.replicas}, or leave it out for the default",
+        )
+    return value
 
 
 def _check_name(name: object, src: str) -> str:

@@ -145,6 +145,12 @@ class JobMaster:
             )
         if not 0 <= replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be in [0, {MAX_REPLICAS}], got {replicas}")
+        slots = self.spec.group(node_type).slots
+        if node_type == "worker" and replicas > slots:
+            raise ValueError(
+                f"worker.max_replicas is {slots}: the TF cluster spec has {slots} worker slots. "
+                "Raise worker.max_replicas in the job YAML (it takes effect on the next run)"
+            )
         if node_type == "worker" and replicas == 0 and self._replicas["chief"] == 0:
             raise ValueError("the job has no chief: scaling workers to 0 would stop training")
         if self.state.ended:
@@ -240,9 +246,10 @@ class JobMaster:
         return tuple(command)
 
     def tf_cluster(self) -> dict[str, list[str]]:
+        """The TF cluster: every worker slot is listed, so PS can reach workers added later."""
         cluster = {}
         for node_type in ("ps", "chief", "worker"):
-            n = self.replicas[node_type]
+            n = self.spec.worker.slots if node_type == "worker" else self.replicas[node_type]
             if n:
                 cluster[node_type] = [self.platform.address_for(node_type, r) for r in range(n)]
         return cluster

@@ -164,7 +164,7 @@ def print_summary(summary: dict, out: TextIO) -> None:
         w(
             f"   dataset {name}: {d['records_done']:,}/{total:,} records done "
             f"({d['epochs']} epoch(s) of {d['size']:,}); {d['records_redone']:,} handed out "
-            f"again after failures; {lost}\n"
+            f"again (their node ended before consuming them); {lost}\n"
         )
     relaunched = [n for n in summary["nodes"] if n["relaunches"]]
     failed = [n for n in summary["nodes"] if n["status"] == "failed"]

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ RECORDS, EPOCHS, BATCH = 24_000, 2, 128
 pytestmark = pytest.mark.slow
 
 
-def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
+def write_job(tmp_path, records=RECORDS):
     ids = tmp_path / "ids"
     ids.mkdir()
     job = {
@@ -27,7 +28,7 @@ def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
             "python",
             os.path.join(ROOT, "examples", "tf", "wide_deep.py"),
             "--records",
-            str(RECORDS),
+            str(records),
             "--epochs",
             str(EPOCHS),
             "--batch-size",
@@ -43,6 +44,23 @@ def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
         "worker": {"replicas": 2, "max_relaunches": 2},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    return ids
+
+
+def check_trained_ids(ids, records, extra_batches):
+    files = glob.glob(str(ids / "trained.*.ids"))
+    trained = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
+    counts = np.bincount(trained, minlength=records)
+    assert len(counts) == records, "a trained id outside the dataset"
+    assert counts.min() == EPOCHS, f"{int((counts < EPOCHS).sum())} records trained too few times"
+    extra = int((counts - EPOCHS).sum())
+    limit = extra_batches * BATCH
+    assert extra <= limit, f"{extra} records trained more than {EPOCHS} times (limit {limit})"
+    return files
+
+
+def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
+    ids = write_job(tmp_path)
     summary_path = tmp_path / "summary.json"
     proc = subprocess.run(
         [
@@ -70,13 +88,51 @@ def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
     assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded"
     assert all(n["status"] == "deleted" for n in summary["nodes"] if n["type"] == "ps")
 
-    files = glob.glob(str(ids / "trained.*.ids"))
+    files = check_trained_ids(ids, RECORDS, extra_batches=1)
     assert len(files) >= 4, files  # chief, worker 0, and both incarnations of worker 1
-    trained = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
-    counts = np.bincount(trained, minlength=RECORDS)
-    assert len(counts) == RECORDS, "a trained id outside the dataset"
-    assert counts.min() == EPOCHS, f"{int((counts < EPOCHS).sum())} records trained too few times"
-    extra = int((counts - EPOCHS).sum())
-    assert extra <= BATCH, (
-        f"{extra} records trained more than {EPOCHS} times (one kill: <= {BATCH})"
-    )
+
+
+def _wait_for_ids(ids, task, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = glob.glob(str(ids / f"trained.{task}.*.ids"))
+        if files and os.path.getsize(files[0]) > 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{task} never trained")
+
+
+def _scale(addr, token_file, target):
+    cmd = [sys.executable, "-m", "master.cli", "scale", target]
+    cmd += ["--addr", addr, "--token-file", token_file]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_tf_workers_scale_2_3_1_while_training(tmp_path):
+    # A TF process starting beside four busy ones takes 10-25 s on 2 cores, so worker 2 is
+    # added as soon as the job runs; it joins while the others already train.
+    records = 3 * RECORDS
+    ids = write_job(tmp_path, records=records)
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--summary-json", str(tmp_path / "s.json")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        first = p.stdout.readline()
+        addr = first.split("master at ")[1].split(",")[0]
+        token_file = os.path.join(first.split("run dir ")[1].strip(), ".job_token")
+        assert "worker: 2 -> 3" in _scale(addr, token_file, "worker=3")
+        _wait_for_ids(ids, "worker.2")
+        assert "worker: 3 -> 1" in _scale(addr, token_file, "worker=1")
+        out = first + p.communicate(timeout=600)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
+    workers = [n for n in summary["nodes"] if n["type"] == "worker"]
+    assert {n["rank"] for n in workers if n["status"] == "deleted"} == {1, 2}
+    # Two workers were stopped mid-epoch: at most one batch each trained twice.
+    check_trained_ids(ids, records, extra_batches=2)

@@ -441,3 +441,20 @@ def test_master_config() -> None:
         MasterConfig(heartbeat_interval_seconds=0)
     with pytest.raises(ValueError, match="max_workers"):
         MasterConfig(max_workers=0)
+
+
+def test_max_replicas_default_and_validation(tmp_path):
+    from master.config import SpecError, parse_job_spec
+
+    base = {"name": "j", "command": ["x"]}
+    spec = parse_job_spec(base | {"worker": {"replicas": 3}}, "job.yaml", str(tmp_path))
+    assert spec.worker.slots == 6
+    spec = parse_job_spec(
+        base | {"worker": {"replicas": 1, "max_replicas": 8}}, "job.yaml", str(tmp_path)
+    )
+    assert spec.worker.slots == 8
+    with pytest.raises(SpecError) as e:
+        parse_job_spec(
+            base | {"worker": {"replicas": 4, "max_replicas": 2}}, "job.yaml", str(tmp_path)
+        )
+    assert "worker.max_replicas" in str(e.value) and "below replicas (4)" in str(e.value)
