@@ -2,12 +2,17 @@
 
 from dlrover_tf.dataset import ShardedDataset
 
-__all__ = ["ShardedDataset", "ShardProgressCallback", "ShardProgressHook"]
+__all__ = [
+    "CheckpointLedgerListener",
+    "ShardedDataset",
+    "ShardProgressCallback",
+    "ShardProgressHook",
+]
 
 
 def __getattr__(name: str):
     # The hooks import TensorFlow; load them only when asked for.
-    if name in ("ShardProgressHook", "ShardProgressCallback"):
+    if name in ("ShardProgressHook", "ShardProgressCallback", "CheckpointLedgerListener"):
         from dlrover_tf import hooks
 
         return getattr(hooks, name)

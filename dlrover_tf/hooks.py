@@ -45,3 +45,29 @@ class ShardProgressCallback(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self._dataset.flush()
+
+
+class CheckpointLedgerListener(tf.estimator.CheckpointSaverListener):
+    """Saves each dataset's shard ledger with every model checkpoint (pass it on the chief).
+
+    The ledger is saved just before the model, tagged with the same global step, and the
+    checkpoint is registered with the master once written. When a PS fails, the master rolls
+    the data back to the latest registered checkpoint, the one the chief restores.
+    """
+
+    def __init__(self, *datasets: ShardedDataset, model_dir: str = "") -> None:
+        if not datasets:
+            raise ValueError("CheckpointLedgerListener needs at least one ShardedDataset")
+        self._datasets = datasets
+        self._model_dir = model_dir
+
+    def before_save(self, session, global_step_value) -> None:
+        for ds in self._datasets:
+            ds.client.save_ledger(ds.name, int(global_step_value))
+
+    def after_save(self, session, global_step_value) -> None:
+        path = tf.train.latest_checkpoint(self._model_dir) if self._model_dir else ""
+        client = self._datasets[0].client
+        client.report_checkpoint(
+            int(global_step_value), path or "", [ds.name for ds in self._datasets]
+        )

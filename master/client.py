@@ -233,6 +233,14 @@ class MasterClient:
         req = data_pb2.LedgerRequest(node=self._node_pb(), dataset=dataset, global_step=global_step)
         return self._call(self._stub.SaveLedger, req)
 
+    def report_checkpoint(
+        self, global_step: int, path: str, datasets: Iterable[str]
+    ) -> data_pb2.CheckpointReply:
+        req = data_pb2.CheckpointReport(
+            node=self._node_pb(), global_step=global_step, path=path, datasets=list(datasets)
+        )
+        return self._call(self._stub.ReportCheckpoint, req)
+
     def restore_ledger(self, dataset: str, global_step: int) -> data_pb2.LedgerSnapshot:
         req = data_pb2.LedgerRequest(node=self._node_pb(), dataset=dataset, global_step=global_step)
         return self._call(self._stub.RestoreLedger, req)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from master.checkpoints import CheckpointRegistry
 from master.client import (
     ENV_JOB_TOKEN_FILE,
     ENV_MASTER_ADDR,
@@ -110,6 +111,7 @@ class JobMaster:
         self.nodes = NodeManager(store)
         self.sharding = ShardingService(store)
         self.progress_streams = StreamRegistry()
+        self.checkpoints = CheckpointRegistry(store)
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
@@ -315,6 +317,8 @@ class JobMaster:
                 "node_failed",
                 f"{node.name} (id {node.id}) {reason.value}, exit code {event.exit_code}{more}",
             )
+        if node.type == "ps" and reason != ExitReason.STOPPED and self._training_done_at is None:
+            self._rollback_data()
         decision = decide_on_exit(
             node,
             reason,
@@ -331,6 +335,21 @@ class JobMaster:
             tail = _last_line(node.exit_message)
             self._set_state(
                 JobState.FAILED, decision.reason + (f" (last log line: {tail})" if tail else "")
+            )
+
+    def _rollback_data(self) -> None:
+        """A PS lost its variables: the chief restores the latest checkpoint, so every
+        dataset goes back to the position saved with it (or to the start if none exists)."""
+        latest = self.checkpoints.latest()
+        step = latest.global_step if latest else 0
+        done = {s.name: s.records_done for s in self.sharding.stats()}
+        for name in self.sharding.names():
+            self.sharding.restore_snapshot(name, step)
+        for s in self.sharding.stats():
+            self._emit(
+                "rollback",
+                f"dataset {s.name}: back to the position of checkpoint step {step} "
+                f"({done[s.name] - s.records_done:,} records to train again)",
             )
 
     def _check_heartbeats(self) -> None:

@@ -13,6 +13,7 @@ from concurrent import futures
 
 import grpc
 
+from master.checkpoints import Checkpoint
 from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.job import JobMaster
 from master.nodes.manager import StaleNodeError
@@ -246,6 +247,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.global_step < 0:
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
         return ledger_pb(self.job.sharding.save_snapshot(request.dataset, request.global_step))
+
+    @_guard
+    def ReportCheckpoint(self, request, context):  # noqa: N802
+        self._node(request.node)
+        self.job.checkpoints.report(
+            Checkpoint(request.global_step, request.path, tuple(request.datasets))
+        )
+        return data_pb2.CheckpointReply(latest_step=self.job.checkpoints.latest().global_step)
 
     @_guard
     def RestoreLedger(self, request, context):  # noqa: N802

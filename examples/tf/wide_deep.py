@@ -451,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     hooks: list[tf.estimator.SessionRunHook] = []
+    listeners: list[tf.estimator.CheckpointSaverListener] = []
     if not config.is_chief and config.task_type == "worker":
         hooks.append(WaitForChiefHook(args.model_dir, timeout_secs=60))
     if args.log_trained_ids:
@@ -481,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             return dataset.to_tf_dataset(read_fn)
 
         hooks.append(dlrover_tf.ShardProgressHook(dataset))
+        if config.is_chief:
+            # The data position is saved with every checkpoint: after a PS failure the master
+            # rolls the data back to the checkpoint the chief restores.
+            listeners.append(dlrover_tf.CheckpointLedgerListener(dataset, model_dir=args.model_dir))
     else:
         train_input_fn = plain_input_fn(
             args.records,
@@ -497,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tf.estimator.train_and_evaluate(
         estimator,
-        tf.estimator.TrainSpec(train_input_fn, max_steps=None, hooks=hooks),
+        tf.estimator.TrainSpec(
+            train_input_fn, max_steps=None, hooks=hooks, saving_listeners=listeners
+        ),
         tf.estimator.EvalSpec(evaluate, steps=eval_steps, start_delay_secs=0, throttle_secs=5),
     )
     logger.info("[%s] training ended after %.1f s", task, time.monotonic() - started)

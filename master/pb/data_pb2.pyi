@@ -160,3 +160,21 @@ class LedgerSnapshot(_message.Message):
     records_done: int
     records_redone: int
     def __init__(self, dataset: _Optional[str] = ..., global_step: _Optional[int] = ..., spec: _Optional[_Union[DatasetSpec, _Mapping]] = ..., epoch: _Optional[int] = ..., todo: _Optional[_Iterable[_Union[ShardRange, _Mapping]]] = ..., doing: _Optional[_Iterable[_Union[ShardRange, _Mapping]]] = ..., records_done: _Optional[int] = ..., records_redone: _Optional[int] = ...) -> None: ...
+
+class CheckpointReport(_message.Message):
+    __slots__ = ("node", "global_step", "path", "datasets")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    node: _common_pb2.NodeRef
+    global_step: int
+    path: str
+    datasets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., global_step: _Optional[int] = ..., path: _Optional[str] = ..., datasets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("latest_step",)
+    LATEST_STEP_FIELD_NUMBER: _ClassVar[int]
+    latest_step: int
+    def __init__(self, latest_step: _Optional[int] = ...) -> None: ...

@@ -82,6 +82,11 @@ class MasterStub(object):
                 request_serializer=master_dot_pb_dot_data__pb2.LedgerRequest.SerializeToString,
                 response_deserializer=master_dot_pb_dot_data__pb2.LedgerSnapshot.FromString,
                 )
+        self.ReportCheckpoint = channel.unary_unary(
+                '/dlrover.v1.Master/ReportCheckpoint',
+                request_serializer=master_dot_pb_dot_data__pb2.CheckpointReport.SerializeToString,
+                response_deserializer=master_dot_pb_dot_data__pb2.CheckpointReply.FromString,
+                )
 
 
 class MasterServicer(object):
@@ -163,6 +168,13 @@ class MasterServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def RestoreLedger(self, request, context):
+        """Restores the latest snapshot saved at or before global_step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +247,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RestoreLedger,
                     request_deserializer=master_dot_pb_dot_data__pb2.LedgerRequest.FromString,
                     response_serializer=master_dot_pb_dot_data__pb2.LedgerSnapshot.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=master_dot_pb_dot_data__pb2.CheckpointReport.FromString,
+                    response_serializer=master_dot_pb_dot_data__pb2.CheckpointReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -464,5 +481,22 @@ class Master(object):
         return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/RestoreLedger',
             master_dot_pb_dot_data__pb2.LedgerRequest.SerializeToString,
             master_dot_pb_dot_data__pb2.LedgerSnapshot.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/ReportCheckpoint',
+            master_dot_pb_dot_data__pb2.CheckpointReport.SerializeToString,
+            master_dot_pb_dot_data__pb2.CheckpointReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

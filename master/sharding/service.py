@@ -101,6 +101,9 @@ class ShardingService:
             entry = _Entry(DatasetLedger(spec))
             self._datasets[spec.name] = entry
         self._persist(entry, force=True)
+        # The position of a model that has trained nothing yet: restored when a PS fails
+        # before the first checkpoint.
+        self.save_snapshot(spec.name, 0)
         log.info("dataset %r created: %s", spec.name, spec)
         return True
 
@@ -188,15 +191,19 @@ class ShardingService:
         return data
 
     def restore_snapshot(self, name: str, global_step: int) -> dict:
-        """Roll the ledger back to the snapshot saved at `global_step`."""
+        """Roll the ledger back to the latest snapshot saved at or before `global_step`.
+
+        A snapshot is saved just before its model checkpoint, so the restored ledger never
+        counts a record the restored model has not trained on.
+        """
         entry = self._entry(name)
-        raw = self._store.get(SNAPSHOT_TABLE, snapshot_key(name, global_step))
-        if raw is None:
-            steps = self.snapshot_steps(name)
+        steps = [s for s in self.snapshot_steps(name) if s <= global_step]
+        if not steps:
             raise UnknownDatasetError(
-                f"no ledger snapshot of dataset {name!r} at global step {global_step} "
-                f"(saved steps: {steps or 'none'})"
+                f"no ledger snapshot of dataset {name!r} at or before global step {global_step} "
+                f"(saved steps: {self.snapshot_steps(name) or 'none'})"
             )
+        raw = self._store.get(SNAPSHOT_TABLE, snapshot_key(name, steps[-1]))
         data = json.loads(raw)
         with entry.cond:
             # New shard ids continue past every id handed out, so late reports stay stale.

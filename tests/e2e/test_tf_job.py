@@ -136,3 +136,30 @@ def test_tf_workers_scale_2_3_1_while_training(tmp_path):
     assert {n["rank"] for n in workers if n["status"] == "deleted"} == {1, 2}
     # Two workers were stopped mid-epoch: at most one batch each trained twice.
     check_trained_ids(ids, records, extra_batches=2)
+
+
+def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
+    records = 3 * RECORDS  # 1,125 steps: checkpoints at 0, 500 and 1,000
+    ids = write_job(tmp_path, records=records)
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--kill", "ps:0@step=800", "--summary-json", str(tmp_path / "s.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
+    assert len(rollback) == 1, summary["events"]
+    redo = int(rollback[0].split("(")[1].split(" records")[0].replace(",", ""))
+    ckpt_step = int(rollback[0].split("checkpoint step ")[1].split(" ")[0])
+    # The chief checkpoints every 500 of its steps; async workers move the global step on.
+    assert 500 <= ckpt_step < 1000 and redo > 0, rollback
+    steps = records * EPOCHS // BATCH
+    # The model applied every batch once: the global step restored at 500 climbs to the total.
+    assert steps <= summary["global_step"] <= steps + 3, summary["global_step"]
+    trained = np.concatenate(
+        [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
+    )
+    counts = np.bincount(trained, minlength=records)
+    assert counts.min() == EPOCHS
+    extra = int((counts - EPOCHS).sum())
+    # Trained twice: exactly what was rolled back, up to one in-flight batch per trainer.
+    assert abs(extra - redo) <= 3 * BATCH, (extra, redo)

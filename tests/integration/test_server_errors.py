@@ -128,9 +128,29 @@ def test_ledger_snapshot_and_restore(harness):
     restored = c.restore_ledger("d", 7)
     assert restored.records_done == snap.records_done
     assert harness.job.sharding.stats()[0].records_done == snap.records_done
+    # The latest snapshot at or before the asked step is restored (checkpoints may be sparse).
+    assert c.restore_ledger("d", 9).global_step == 7
+    assert c.restore_ledger("d", 6).global_step == 0  # the one saved at creation
     with pytest.raises(MasterError) as e:
-        c.restore_ledger("d", 8)
-    assert e.value.code == grpc.StatusCode.NOT_FOUND and "saved steps: [7]" in str(e.value)
+        c.restore_ledger("d", -1)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND and "saved steps: [0, 7]" in str(e.value)
+
+
+def test_checkpoint_registry_keeps_the_latest(harness):
+    c = harness.client(0)
+    c.create_dataset(spec())
+    assert harness.job.checkpoints.latest() is None
+    assert c.report_checkpoint(500, "/m/model.ckpt-500", ["d"]).latest_step == 500
+    assert c.report_checkpoint(1000, "/m/model.ckpt-1000", ["d"]).latest_step == 1000
+    latest = harness.job.checkpoints.latest()
+    assert (latest.global_step, latest.path, latest.datasets) == (
+        1000,
+        "/m/model.ckpt-1000",
+        ("d",),
+    )
+    with pytest.raises(MasterError) as e:
+        c.report_checkpoint(-5, "", [])
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def _status(addr, token_file):
