@@ -8,6 +8,7 @@ import sys
 
 from master.config import MasterConfig, SpecError, load_job_spec
 from master.faults import FaultSpecError, parse_fault
+from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
 
 
@@ -43,6 +44,21 @@ def _parser() -> argparse.ArgumentParser:
         )
         s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
         s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
+        if name == "submit":
+            s.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="with --platform k8s: print the job's Kubernetes objects as YAML, create none",
+            )
+            s.add_argument(
+                "--namespace", default="", help="with --platform k8s: namespace (default: default)"
+            )
+            s.add_argument(
+                "--image",
+                default="",
+                help="with --platform k8s: image of the master and nodes "
+                "(default: dlrover-elastic:latest)",
+            )
 
     st = sub.add_parser("status", help="print the status of a running job")
     sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
@@ -71,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, FaultSpecError, ValueError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
+    if args.cmd == "submit" and args.platform != "k8s":
+        given = [f for f in ("dry_run", "namespace", "image") if getattr(args, f)]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            print(f"dlrover: error: {flags} only apply with --platform k8s", file=sys.stderr)
+            return 2
+    if args.cmd == "submit" and args.platform == "k8s":
+        # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
+        from master.k8s_submit import submit_k8s
+
+        return submit_k8s(spec, args.job_yaml, args.namespace, args.image, args.dry_run)
     from master.submit import SubmitOptions, run_job
 
     opts = SubmitOptions(
@@ -85,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return run_job(spec, opts)
-    except OSError as e:
+    except (OSError, PlatformError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
 

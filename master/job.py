@@ -257,7 +257,7 @@ class JobMaster:
         return cluster
 
     def _env(self, node: Node) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(os.environ) if self.platform.inherits_master_env else {}
         env.update(self.spec.env)
         env.update(self.spec.group(node.type).env)
         env.update(self.runtime.extra_env)

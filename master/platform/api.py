@@ -9,6 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
+class PlatformError(RuntimeError):
+    """The platform cannot be used as configured (missing credentials, unreachable cluster)."""
+
+
 @dataclass(frozen=True)
 class NodeLaunchSpec:
     """Everything a platform needs to start one node incarnation."""
@@ -39,6 +43,10 @@ class NodeEvent:
 
 class Platform(abc.ABC):
     """Where nodes run: local processes, Ray actors or Kubernetes pods."""
+
+    # Whether nodes start with the master's own environment (true for processes on the
+    # master's machine; pods and remote actors get only the job's env and DLROVER_* vars).
+    inherits_master_env = False
 
     def __init__(self) -> None:
         self.events: queue.Queue[NodeEvent] = queue.Queue()

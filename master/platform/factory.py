@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from master.platform.api import Platform
+from master.platform.api import Platform, PlatformError
 
 PLATFORMS = ("local", "ray", "k8s")
 
@@ -12,6 +12,13 @@ PLATFORMS = ("local", "ray", "k8s")
 def create_platform(kind: str, host: str, options: Mapping[str, str] | None = None) -> Platform:
     """The platform named `kind`; SDK-backed ones are imported only when asked for."""
     options = dict(options or {})
+    try:
+        return _create(kind, host, options)
+    except (ValueError, ImportError) as e:
+        raise PlatformError(f"--platform {kind}: {e}") from e
+
+
+def _create(kind: str, host: str, options: dict[str, str]) -> Platform:
     if kind == "local":
         from master.platform.local import LocalPlatform
 

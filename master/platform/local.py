@@ -56,6 +56,8 @@ class LocalPlatform(Platform):
     when the master itself goes away.
     """
 
+    inherits_master_env = True
+
     def __init__(self, host: str = "127.0.0.1", orphan_guard: bool = True) -> None:
         super().__init__()
         self.host = host

@@ -1,0 +1,314 @@
+"""A fake Kubernetes API server on loopback, good enough for the official `kubernetes` client.
+
+Speaks the REST conventions (`/api/v1/namespaces/NS/RESOURCE[/NAME]`, `/apis/GROUP/VERSION/...`,
+Status objects for errors, list metadata with a resourceVersion) and the watch protocol
+(`?watch=true`: a chunked stream of one JSON event per line, ERROR events with 410 for an
+expired resourceVersion, optional BOOKMARKs, `timeoutSeconds`).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from tests.k8s_fake.kubelet import FakeKubelet
+from tests.k8s_fake.selectors import SelectorError
+from tests.k8s_fake.store import CORE, ApiError, ObjectStore, status_object
+
+DEFAULT_WATCH_SECONDS = 1800
+WATCH_POLL_SECONDS = 0.2
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("true", "1")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _send_json(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return None
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ApiError(400, "BadRequest", f"invalid JSON body: {e}") from None
+
+    def _route(self, parts: list[str]) -> tuple[str, str | None, str, str | None, str | None]:
+        """(groupVersion, namespace, resource, name, subresource) of a request path."""
+        if parts[:2] == ["api", "v1"]:
+            gv, rest = CORE, parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            gv, rest = f"{parts[1]}/{parts[2]}", parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not 1 <= len(rest) <= 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        resource = rest[0]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        return gv, namespace, resource, name, sub
+
+    def _dispatch(self, method: str) -> None:
+        store = self.server.store
+        url = urlsplit(self.path)
+        params = dict(parse_qsl(url.query))
+        store.log_request(method, url.path, params)
+        try:
+            body = self._read_body()
+            gv, ns, resource, name, sub = self._route([p for p in url.path.split("/") if p])
+            if sub not in (None, "status"):
+                raise ApiError(404, "NotFound", f"subresource {sub!r} is not served here")
+            if method == "GET" and name is None:
+                if _truthy(params.get("watch")):
+                    self._watch(gv, ns, resource, params)
+                    return
+                items, rv = store.list(
+                    gv, resource, ns, params.get("labelSelector"), params.get("fieldSelector")
+                )
+                kind = store.kind_of(gv, resource)
+                self._send_json(
+                    200,
+                    {
+                        "kind": kind + "List",
+                        "apiVersion": gv,
+                        "metadata": {"resourceVersion": str(rv)},
+                        "items": items,
+                    },
+                )
+                return
+            if ns is None:
+                raise ApiError(404, "NotFound", "namespaced resources need a namespace")
+            if method == "POST" and name is None:
+                self._send_json(201, store.create(gv, resource, ns, body or {}))
+            elif method == "GET":
+                self._send_json(200, store.get(gv, resource, ns, name))
+            elif method == "PUT":
+                self._send_json(200, store.replace(gv, resource, ns, name, body or {}))
+            elif method == "PATCH":
+                content_type = self.headers.get("Content-Type", "")
+                self._send_json(200, store.patch(gv, resource, ns, name, body, content_type))
+            elif method == "DELETE":
+                opts = body or {}
+                grace = params.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))
+                policy = params.get("propagationPolicy", opts.get("propagationPolicy"))
+                obj = store.delete(
+                    gv, resource, ns, name, None if grace is None else int(grace), policy
+                )
+                if resource in ("pods", "services"):
+                    self._send_json(200, obj)
+                else:
+                    status = status_object(200, "", "")
+                    status["details"] = {"name": name, "kind": resource}
+                    self._send_json(200, status)
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+        except ApiError as e:
+            self._send_json(e.code, e.status())
+        except SelectorError as e:
+            self._send_json(400, status_object(400, "BadRequest", str(e)))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    # -- watch ---------------------------------------------------------------------
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._write_chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+    def _watch(self, gv: str, ns: str | None, resource: str, params: dict[str, str]) -> None:
+        store = self.server.store
+        if store.refuse_watches:
+            raise ApiError(503, "ServiceUnavailable", "the fake server refuses watches now")
+        w = store.open_watch(
+            gv,
+            resource,
+            ns,
+            params.get("labelSelector"),
+            params.get("fieldSelector"),
+            params.get("resourceVersion"),
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            if w.expired:
+                rv = params.get("resourceVersion")
+                message = f"too old resource version: {rv} ({store.horizon})"
+                self._event("ERROR", status_object(410, "Expired", message))
+            else:
+                self._stream(w, params)
+            self._write_chunk(b"")  # the terminating zero-length chunk: a clean end
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+        finally:
+            store.close_watch(w)
+
+    def _client_gone(self) -> bool:
+        """The client closed its end (like a cancelled request context in the real server)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _stream(self, w, params: dict[str, str]) -> None:
+        store = self.server.store
+        kind = store.kind_of(w.gv, w.resource)
+        for obj in w.initial:
+            self._event("ADDED", obj)
+        timeout = int(params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if _truthy(params.get("allowWatchBookmarks")):
+                    rv = str(max(w.cursor, store.horizon))
+                    meta = {"resourceVersion": rv}
+                    self._event("BOOKMARK", {"kind": kind, "apiVersion": w.gv, "metadata": meta})
+                return
+            for change_type, obj in store.next_changes(w, min(remaining, WATCH_POLL_SECONDS)):
+                self._event(change_type, obj)
+            if self._client_gone():
+                return
+            if w.dropped:
+                if w.abrupt:
+                    # Cut the connection in the middle of the chunked stream.
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    raise ConnectionResetError("watch dropped by the test")
+                return
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, store: ObjectStore) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.store = store
+
+
+class FakeKubeApiServer:
+    """Start with `with FakeKubeApiServer() as api:`; `api.url` is the server for the client."""
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace
+        self.store = ObjectStore()
+        self.kubelet = FakeKubelet(self.store, namespace)
+        self._httpd = _HTTPServer(self.store)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def api_client(self):
+        """A real `kubernetes.client.ApiClient` pointed at this server."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        return client.ApiClient(cfg)
+
+    def close(self) -> None:
+        self.store.close()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeKubeApiServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- conveniences for tests ------------------------------------------------------
+
+    def objects(
+        self, resource: str, label_selector: str | None = None, gv: str = CORE
+    ) -> list[dict[str, Any]]:
+        items, _ = self.store.list(gv, resource, self.namespace, label_selector)
+        return items
+
+    def pods(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return self.objects("pods", label_selector)
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.store.get(CORE, "pods", self.namespace, name)
+
+    def create(self, resource: str, body: dict[str, Any], gv: str = CORE) -> dict[str, Any]:
+        return self.store.create(gv, resource, self.namespace, body)
+
+    def delete(self, resource: str, name: str, grace_seconds: int | None = None) -> dict:
+        return self.store.delete(CORE, resource, self.namespace, name, grace_seconds)
+
+    def requests(self, method: str | None = None, watch: bool | None = None) -> list:
+        """The requests served so far: (method, path, query params)."""
+        return [
+            r
+            for r in list(self.store.requests)
+            if (method is None or r[0] == method)
+            and (watch is None or _truthy(r[2].get("watch")) == watch)
+        ]
+
+    def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition") -> Any:
+        """Poll `predicate()` until it returns something truthy; fail the test after timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.02)
