@@ -57,6 +57,17 @@ def submit(job_yaml, tmp_path, *args, timeout=120):
     return proc, data
 
 
+def start_submit(job_yaml, tmp_path, *args) -> subprocess.Popen:
+    """`dlrover submit` in the background, its output on a pipe, the summary in s.json."""
+    return subprocess.Popen(
+        [*DLROVER, "submit", job_yaml, "--summary-json", str(tmp_path / "s.json"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+
+
 def trained_counts(tmp_path, size=3000):
     files = glob.glob(str(tmp_path / "ids" / "*.ids"))
     ids = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
@@ -91,13 +102,7 @@ def test_relaunch_budget_exhausted_fails_with_reason(tmp_path):
 
 def test_frozen_worker_is_detected_by_heartbeat_loss_and_replaced(tmp_path):
     job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"})
-    p = subprocess.Popen(
-        [*DLROVER, "submit", job, "--summary-json", str(tmp_path / "s.json")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=os.path.dirname(HERE),
-    )
+    p = start_submit(job, tmp_path)
     try:
         victim = _wait_for_node_process(tmp_path, "worker.1")
         frozen_at = time.monotonic()
@@ -142,13 +147,7 @@ def _scale(addr, token_file, target):
 
 def test_workers_scale_up_and_down_while_training(tmp_path):
     job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01", "FAKE_SIZE": "6000"})
-    p = subprocess.Popen(
-        [*DLROVER, "submit", job, "--summary-json", str(tmp_path / "s.json")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=os.path.dirname(HERE),
-    )
+    p = start_submit(job, tmp_path)
     try:
         first = p.stdout.readline()
         addr = first.split("master at ")[1].split(",")[0]
