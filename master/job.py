@@ -436,7 +436,11 @@ class JobMaster:
                     "fault", f"fault injection: {fault.describe()}: node not running, skipped"
                 )
                 continue
-            self._emit("fault", f"fault injection: {fault.describe()} (id {node.id})")
+            self._emit(
+                "fault",
+                f"fault injection: {fault.describe()} (id {node.id}, at global step "
+                f"{self.global_step})",
+            )
             self.platform.signal_node(node.id, fault.signal)
 
     def _check_completion(self) -> None:

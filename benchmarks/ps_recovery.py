@@ -1,0 +1,187 @@
+"""PS failure recovery: time until training resumes and steps lost, against a full restart.
+
+Both runs train the TF example (1 PS, chief, 2 workers) and lose the PS at the same global
+step (`--kill-step`, after the first 500-step checkpoint):
+
+- elastic: `dlrover submit --kill ps:0@step=N`; the master relaunches the PS, sessions are
+  rebuilt, the chief restores the latest checkpoint and the data rolls back with it.
+- baseline: the whole job is stopped at that step (the master and every node killed) and
+  started again from the latest checkpoint in the same model dir, the manual recovery without
+  an elastic master (its data position restarts from scratch, not measured here).
+
+Recovery time = from the failure to the first step that moves the data forward again, polled
+every 0.2 s through `dlrover status`. Steps lost = global step at the failure minus the
+checkpoint step training continued from. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "tf")
+POLL_SECONDS = 0.2
+_STATUS_STEP = re.compile(r"global step (\d+)")
+_STATUS_DONE = re.compile(r"dataset train: ([\d,]+)/")
+
+
+def write_job(workdir: str, records: int) -> str:
+    with open(os.path.join(EXAMPLE, "job.yaml")) as f:
+        job = yaml.safe_load(f)
+    command = list(job["command"])
+    command[1] = os.path.join(EXAMPLE, "wide_deep.py")
+    command[command.index("--records") + 1] = str(records)
+    job.update(command=command, workdir=workdir, name="ps-recovery")
+    path = os.path.join(workdir, "job.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(job, f)
+    return path
+
+
+class Job:
+    """A `dlrover submit` in the background, watched through `dlrover status`."""
+
+    def __init__(self, job_yaml: str, run_dir: str, *extra: str) -> None:
+        cmd = [sys.executable, "-m", "master.cli", "submit", job_yaml, "--run-dir", run_dir]
+        cmd += ["--status-interval", "3600", "--summary-json", os.path.join(run_dir, "s.json")]
+        self.proc = subprocess.Popen(
+            [*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+        )
+        first = self.proc.stdout.readline()
+        self.addr = first.split("master at ")[1].split(",")[0]
+        self.token_file = os.path.join(run_dir, ".job_token")
+
+    def status(self) -> tuple[int, int] | None:
+        """(global step, records done), or None once the job is gone."""
+        out = subprocess.run(
+            [sys.executable, "-m", "master.cli", "status", "--addr", self.addr,
+             "--token-file", self.token_file],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        step, done = _STATUS_STEP.search(out.stdout), _STATUS_DONE.search(out.stdout)
+        if out.returncode != 0 or not step:
+            return None
+        return int(step.group(1)), int(done.group(1).replace(",", "")) if done else 0
+
+    def wait_step(self, step: int, timeout: float = 600.0) -> tuple[float, int, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.status()
+            if s and s[0] >= step:
+                return time.monotonic(), s[0], s[1]
+            time.sleep(POLL_SECONDS)
+        raise TimeoutError(f"global step {step} not reached")
+
+    def finish(self, timeout: float = 900.0) -> dict:
+        self.proc.communicate(timeout=timeout)
+        run_dir = os.path.dirname(self.token_file)
+        with open(os.path.join(run_dir, "s.json")) as f:
+            return json.load(f)
+
+
+def elastic_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
+    run_dir = os.path.join(workdir, "elastic")
+    job = Job(job_yaml, run_dir, "--kill", f"ps:0@step={kill_step}")
+    _, step_at_kill, done_before = job.wait_step(kill_step)
+    low = None  # records done right after the rollback
+    resumed = None
+    while resumed is None:
+        s = job.status()
+        if s is None:
+            break
+        if low is None and s[1] < done_before:
+            low = s[1]
+        elif low is not None and s[1] > low:
+            resumed = time.time()
+        elif low is not None:
+            low = min(low, s[1])
+        done_before = max(done_before, s[1]) if low is None else done_before
+        time.sleep(POLL_SECONDS)
+    summary = job.finish()
+    fault = next(e for e in summary["events"] if e["kind"] == "fault")
+    rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
+    ckpt = int(rollback[0].split("checkpoint step ")[1].split(" ")[0]) if rollback else 0
+    step_at_kill = int(fault["message"].rsplit("at global step ", 1)[1].rstrip(")"))
+    return {
+        "recovery_seconds": round((resumed or time.time()) - fault["time"], 2),
+        "global_step_at_failure": step_at_kill,
+        "restored_from_step": ckpt,
+        "steps_lost": max(0, step_at_kill - ckpt),
+        "job_status": summary["status"],
+        "wall_seconds": summary["wall_seconds"],
+    }
+
+
+def baseline_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
+    first_dir = os.path.join(workdir, "baseline-1")
+    job = Job(job_yaml, first_dir)
+    _, step_at_kill, _ = job.wait_step(kill_step)
+    t_fail = time.time()
+    job.proc.send_signal(signal.SIGKILL)  # the orphan guard takes every node with it
+    job.proc.wait()
+    second_dir = os.path.join(workdir, "baseline-2")
+    os.makedirs(second_dir)
+    shutil.copytree(os.path.join(first_dir, "model"), os.path.join(second_dir, "model"))
+    with open(os.path.join(second_dir, "model", "checkpoint")) as f:
+        ckpt = int(re.search(r'model_checkpoint_path: ".*-(\d+)"', f.read()).group(1))
+    restart = Job(job_yaml, second_dir)
+    while True:
+        s = restart.status()
+        if s and s[1] > 0:
+            resumed = time.time()
+            break
+        time.sleep(POLL_SECONDS)
+    restart.proc.send_signal(signal.SIGINT)
+    restart.proc.communicate(timeout=120)
+    return {
+        "recovery_seconds": round(resumed - t_fail, 2),
+        "global_step_at_failure": step_at_kill,
+        "restored_from_step": ckpt,
+        "steps_lost": max(0, step_at_kill - ckpt),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=160_000)
+    p.add_argument("--kill-step", type=int, default=800)
+    p.add_argument("--json-only", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ps-") as workdir:
+        job_yaml = write_job(workdir, args.records)
+        elastic = elastic_run(job_yaml, workdir, args.kill_step)
+        baseline = baseline_run(job_yaml, workdir, args.kill_step)
+    ratio = baseline["recovery_seconds"] / max(elastic["recovery_seconds"], 1e-9)
+    if not args.json_only:
+        for name, r in (("elastic", elastic), ("full restart", baseline)):
+            print(
+                f"{name:13s}: training resumed {r['recovery_seconds']:6.1f} s after the PS failure"
+                f" at step {r['global_step_at_failure']}, from checkpoint step "
+                f"{r['restored_from_step']} ({r['steps_lost']} steps to redo)"
+            )
+        print(f"recovery time: full restart / elastic = {ratio:.2f}x")
+    print(
+        json.dumps(
+            {
+                "benchmark": "ps_recovery",
+                "ps_failure": {"elastic": elastic, "full_restart": baseline},
+                "recovery_speedup": round(ratio, 3),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
