@@ -17,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     for name, help_text in (
-        ("submit", "run a job from its YAML spec on the local platform, with live progress"),
+        ("submit", "run a job from its YAML spec (local processes by default), with live progress"),
         ("master", "run a job's master without the live display (for containers and scripts)"),
     ):
         s = sub.add_parser(name, help=help_text)

@@ -45,7 +45,8 @@ class Platform(abc.ABC):
     """Where nodes run: local processes, Ray actors or Kubernetes pods."""
 
     # Whether nodes start with the master's own environment (true for processes on the
-    # master's machine; pods and remote actors get only the job's env and DLROVER_* vars).
+    # master's machine). Otherwise nodes get the job's env and DLROVER_* vars on top of what
+    # their platform gives them (the image's env for pods, the Ray node's env for actors).
     inherits_master_env = False
 
     def __init__(self) -> None:

@@ -153,8 +153,9 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     # The chief checkpoints every 500 of its steps; async workers move the global step on.
     assert 500 <= ckpt_step < 1000 and redo > 0, rollback
     steps = records * EPOCHS // BATCH
-    # The model applied every batch once: the global step restored at 500 climbs to the total.
-    assert steps <= summary["global_step"] <= steps + 3, summary["global_step"]
+    # The model applied every batch once: the global step restored at 500 climbs to the total
+    # (a few more when workers flush short batches while they wait for others' last shards).
+    assert steps <= summary["global_step"] <= steps * 1.02 + 3, summary["global_step"]
     trained = np.concatenate(
         [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
     )

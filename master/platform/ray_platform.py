@@ -1,0 +1,606 @@
+"""Ray platform: every node incarnation is a Ray actor that runs the node's command.
+
+The actor (`NodeActor`) starts the command in its own process group on the Ray node the
+node's (type, rank) is pinned to, and its `wait()` returns the exit code. A watcher thread in
+the master turns finished `wait()` calls and dead actors into `NodeEvent`s.
+
+Processes never outlive their actor: the command runs under a small guard process
+(`python -m master.platform.ray_platform FD -- COMMAND...`) whose sentinel holds the read end
+of a pipe whose write end only the actor holds. When the actor's process goes away for any
+reason (ray.kill, a crash, its Ray node or the master's job ending), the pipe reaches
+end-of-file and the sentinel SIGKILLs the whole process group.
+
+`ray` is imported lazily, so this module (and the guard) load without it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.platform.local import free_port, read_tail
+
+log = logging.getLogger(__name__)
+
+# A node that asks for no CPU still takes a sliver of one, so many fit on a small cluster.
+MIN_NODE_CPU = 0.01
+MIB = 1024 * 1024
+# One ray.wait blocks this long before the watcher picks up newly launched nodes.
+WATCH_TICK_SECONDS = 0.2
+# How long a signal to a node may wait for its actor (it may still be starting).
+SIGNAL_TIMEOUT_SECONDS = 10.0
+# After SIGKILL, how long to wait for a process to be reaped before giving up on it.
+KILL_WAIT_SECONDS = 5.0
+# How long the cluster address may take to accept a TCP connection.
+CONNECT_TIMEOUT_SECONDS = 10.0
+# The list of alive Ray nodes is cached this long.
+NODE_CACHE_SECONDS = 2.0
+# wait() occupies one actor thread for the node's lifetime; signal() needs another.
+ACTOR_MAX_CONCURRENCY = 4
+# Exit code when the command cannot be started at all (as a shell would report it).
+EXIT_CANNOT_RUN = 127
+GUARD_MODULE = "master.platform.ray_platform"
+
+# Ray 2.60 turns token authentication on for a cluster ray.init starts; a cluster that only
+# this master uses, on loopback, needs none.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+# On Linux Ray replaces a loopback node address with the machine's external IP; this switch
+# (meant for laptops) makes a local cluster advertise and bind 127.0.0.1 only. Ray reads it
+# once, when `ray` is first imported.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _pkg_root() -> str:
+    """The directory holding the `master` package, so the guard module can be found."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("no permission to signal process group %d", pgid)
+        return False
+
+
+# -- inside the Ray actor ------------------------------------------------------------------
+
+
+class NodeActor:
+    """One node incarnation: its command in a fresh process group, run where the actor runs.
+
+    The log goes to `spec.log_path` on the Ray node that hosts the actor. On a single machine
+    that is the master's run dir; on a multi-host cluster the path must be on storage shared
+    by the Ray nodes, or the log stays local to the Ray node that ran the incarnation.
+    """
+
+    def __init__(self, spec: NodeLaunchSpec, ray_node: str) -> None:
+        self.spec = spec
+        self._proc: subprocess.Popen | None = None
+        self._error = ""
+        # The actor keeps the write end for its whole life; see the module docstring.
+        read_fd, self._lifeline = os.pipe()
+        env = {**_ray_node_env(), **spec.env}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_pkg_root(), env.get("PYTHONPATH")) if p)
+        guard = [sys.executable, "-m", GUARD_MODULE, str(read_fd), "--"]
+        try:
+            os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
+            with open(spec.log_path, "ab", buffering=0) as logf:
+                logf.write(
+                    f"# {spec.type}-{spec.rank} id={spec.id} on Ray node {ray_node} "
+                    f"(actor pid {os.getpid()}): {' '.join(spec.command)}\n".encode()
+                )
+                self._proc = subprocess.Popen(
+                    guard + list(spec.command),
+                    cwd=spec.workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(read_fd,),
+                )
+        except OSError as e:
+            self._error = f"cannot start {spec.type}-{spec.rank} id={spec.id}: {e}"
+        finally:
+            os.close(read_fd)
+
+    def wait(self) -> tuple[int, str]:
+        """Block until the command ends: its exit code, and its log tail if it failed."""
+        if self._proc is None:
+            return EXIT_CANNOT_RUN, self._error
+        code = self._proc.wait()
+        # Anything the node left behind in its group goes with it.
+        _killpg(self._proc.pid, signal.SIGKILL)
+        return code, read_tail(self.spec.log_path) if code != 0 else ""
+
+    def signal(self, sig: int) -> bool:
+        """Signal the node's whole process group; False if it has ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        return _killpg(self._proc.pid, sig)
+
+
+def _ray_node_env() -> dict[str, str]:
+    """The environment this Ray node gives its workers, without Ray's own additions.
+
+    A node starts from it (PATH, HOME and the like of the machine it runs on) plus the job's
+    env, as a pod starts from its image's. Dropped: Ray's plumbing (RAY_*, SPT_NOENV) and
+    what the Ray worker set for itself after it started (OMP_NUM_THREADS=1 for fractional
+    CPUs, PYTHONBREAKPOINT), which would throttle or redirect the node's own code.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    except OSError:
+        env = {}
+    if not env:  # not Linux: the worker's current env is the best there is
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONBREAKPOINT")
+        }
+    return {k: v for k, v in env.items() if not k.startswith("RAY_") and k != "SPT_NOENV"}
+
+
+# -- the guard process ---------------------------------------------------------------------
+
+# Signals a signal_node() may send to the whole group that must not end the guard or the
+# sentinel before the command: they outlive them and let the command decide.
+_GUARD_SURVIVES = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def _guard_main(argv: Sequence[str]) -> None:
+    """Run COMMAND in this process group, which a sentinel kills when the lifeline closes.
+
+    The sentinel is a fork of the guard, not a child of the actor: Ray SIGKILLs an exiting
+    worker's direct children (the guard), but not their children, so the sentinel is still
+    there to take the group down. The guard ends the way the command ended (same exit code
+    or same signal), which is what the actor's wait() reports.
+    """
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write(f"usage: python -m {GUARD_MODULE} LIFELINE_FD -- COMMAND...\n")
+        os._exit(2)
+    lifeline, command = int(argv[0]), list(argv[2:])
+    if os.fork() == 0:
+        _sentinel(lifeline)
+    os.close(lifeline)
+    for sig in _GUARD_SURVIVES:
+        # A handler (unlike SIG_IGN) is reset to the default in the command by exec.
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        sys.stderr.write(f"cannot run {command[0]!r}: {e}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CANNOT_RUN)
+    code = child.wait()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _sentinel(lifeline: int) -> None:
+    """Block until the actor's end of the lifeline closes, then SIGKILL the process group."""
+    try:
+        for sig in _GUARD_SURVIVES:
+            signal.signal(sig, signal.SIG_IGN)
+        while os.read(lifeline, 64):
+            pass
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+# -- in the master -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RayNode:
+    node_id: str
+    ip: str
+    cpu: float
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a (type, rank) runs: the Ray node it is pinned to, and its port there."""
+
+    node: _RayNode
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.node.ip}:{self.port}"
+
+
+@dataclass
+class _Running:
+    spec: NodeLaunchSpec
+    node: _RayNode
+    actor: Any
+    ref: Any
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_reachable(address: str) -> None:
+    """Raise OSError when a host:port address accepts no TCP connection."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto" and other forms Ray resolves itself
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_SECONDS):
+        pass
+
+
+def _import_ray(loopback: bool) -> Any:
+    """Import ray, first setting what Ray reads at import time for a loopback cluster."""
+    if loopback:
+        if "ray" in sys.modules and os.environ.get(LOOPBACK_ENV) != "0":
+            log.warning(
+                "ray was imported before the Ray platform set %s=0; a local cluster may "
+                "advertise the machine's external address instead of loopback",
+                LOOPBACK_ENV,
+            )
+        os.environ[LOOPBACK_ENV] = "0"
+    import ray
+
+    return ray
+
+
+def start_local_cluster(num_cpus: int | None = None) -> str:
+    """Start a Ray cluster on loopback, auth off, dashboard off, connected to this process.
+
+    Returns its address (for `--ray-address`). The caller ends it with `ray.shutdown()`.
+    """
+    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
+    ray = _import_ray(loopback=True)
+    ctx = ray.init(
+        address="local",
+        num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    return ctx.address_info["gcs_address"]
+
+
+class RayPlatform(Platform):
+    """Runs nodes as Ray actors, each pinned to one Ray node per (type, rank).
+
+    With no address it starts a local cluster on loopback (and shuts it down at the end);
+    with an address it connects to that cluster; if this process is already connected to
+    Ray it uses that connection. `host` is the address the master advertises to nodes: on a
+    multi-host cluster it must not be loopback.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", address: str = "") -> None:
+        super().__init__()
+        self.host = host
+        self.address = address
+        already = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        ray_host = address.rsplit(":", 1)[0] if address else "127.0.0.1"
+        self._ray = ray = _import_ray(loopback=not already and _is_loopback(ray_host))
+        self._owns_connection = not already
+        if already:
+            log.info("using this process's existing Ray connection")
+        elif address:
+            try:
+                # ray.init retries an unreachable GCS for minutes; fail fast instead.
+                _check_reachable(address)
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise PlatformError(
+                    f"cannot connect to the Ray cluster at {address!r} (--ray-address): {e}; "
+                    "start one with `ray start --head` or leave --ray-address out"
+                ) from e
+        else:
+            start_local_cluster()
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._RayError, self._RayActorError = RayError, RayActorError
+        self._GetTimeoutError = GetTimeoutError
+        self._affinity = NodeAffinitySchedulingStrategy
+        self._actor_class = ray.remote(NodeActor)
+        self._port_task = ray.remote(num_cpus=0)(free_port)
+        self._my_node = ray.get_runtime_context().get_node_id()
+
+        self._lock = threading.Lock()
+        self._slots: dict[tuple[str, int], _Slot] = {}
+        self._running: dict[int, _Running] = {}
+        self._nodes: list[_RayNode] = []
+        self._nodes_at = -1e9
+        self._warned_host = False
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop_watch = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ray-watcher", daemon=True)
+        self._watcher.start()
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    def address_for(self, node_type: str, rank: int) -> str:
+        with self._lock:
+            return self._slot(node_type, rank, check_alive=True).address
+
+    def _slot(self, node_type: str, rank: int, check_alive: bool) -> _Slot:
+        key = (node_type, rank)
+        slot = self._slots.get(key)
+        alive = {n.node_id for n in self._alive_nodes()} if slot and check_alive else set()
+        if slot is not None and check_alive and slot.node.node_id not in alive:
+            log.warning(
+                "%s-%d: its Ray node %s is gone; moving it (its address changes)",
+                node_type,
+                rank,
+                slot.node.ip,
+            )
+            slot = None
+        if slot is None:
+            node = self._choose_node()
+            slot = _Slot(node, self._allocate_port(node))
+            self._slots[key] = slot
+        return slot
+
+    def _alive_nodes(self, refresh: bool = False) -> list[_RayNode]:
+        now = time.monotonic()
+        if refresh or now - self._nodes_at > NODE_CACHE_SECONDS:
+            self._nodes = [
+                _RayNode(n["NodeID"], n["NodeManagerAddress"], float(n["Resources"].get("CPU", 0)))
+                for n in self._ray.nodes()
+                if n.get("Alive")
+            ]
+            self._nodes_at = now
+        return self._nodes
+
+    def _choose_node(self) -> _RayNode:
+        """The alive Ray node with the fewest pinned nodes per CPU (spreads over the cluster)."""
+        nodes = [n for n in self._alive_nodes(refresh=True) if n.cpu > 0]
+        if not nodes:
+            raise PlatformError("the Ray cluster has no alive node with CPUs")
+        pinned = Counter(s.node.node_id for s in self._slots.values())
+        node = min(nodes, key=lambda n: (pinned[n.node_id] / n.cpu, -n.cpu))
+        if node.node_id != self._my_node and _is_loopback(self.host) and not self._warned_host:
+            self._warned_host = True
+            log.warning(
+                "nodes run on Ray node %s but the master advertises %s, which they cannot "
+                "reach; run the master with --host 0.0.0.0",
+                node.ip,
+                self.host,
+            )
+        return node
+
+    def _allocate_port(self, node: _RayNode) -> int:
+        """A port free on `node` now and not given to another (type, rank) there."""
+        taken = {s.port for s in self._slots.values() if s.node.ip == node.ip}
+        while True:
+            if node.node_id == self._my_node:
+                port = free_port(node.ip)
+            else:
+                task = self._port_task.options(
+                    scheduling_strategy=self._affinity(node.node_id, False)
+                )
+                port = self._ray.get(task.remote(node.ip), timeout=60)
+            if port not in taken:
+                return port
+
+    # -- launching and signalling -----------------------------------------------------------
+
+    def launch(self, spec: NodeLaunchSpec) -> None:
+        if self._closed:
+            raise RuntimeError("the Ray platform is shut down")
+        with self._lock:
+            node = self._slot(spec.type, spec.rank, check_alive=False).node
+        options: dict[str, Any] = {
+            "num_cpus": spec.cpu if spec.cpu > 0 else MIN_NODE_CPU,
+            "scheduling_strategy": self._affinity(node.node_id, soft=False),
+            "max_restarts": 0,
+            "max_concurrency": ACTOR_MAX_CONCURRENCY,
+        }
+        if spec.memory_mb > 0:
+            options["memory"] = spec.memory_mb * MIB
+        actor = self._actor_class.options(**options).remote(spec, node.ip)
+        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote())
+        with self._lock:
+            self._running[spec.id] = run
+        self._wake.set()
+        log.info(
+            "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
+        )
+
+    def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+        with self._lock:
+            run = self._running.get(node_id)
+        return run is not None and self._signal(run, sig)
+
+    def _signal(self, run: _Running, sig: int) -> bool:
+        try:
+            return bool(
+                self._ray.get(run.actor.signal.remote(int(sig)), timeout=SIGNAL_TIMEOUT_SECONDS)
+            )
+        except self._GetTimeoutError:
+            if sig != signal.SIGKILL:
+                log.warning("%s: actor did not answer a signal", _name(run.spec))
+                return False
+            # An actor that cannot even be reached is killed whole; its death becomes the event.
+            self._kill_actor(run)
+            return True
+        except self._RayError:
+            return False  # the actor is dead; the watcher reports it
+
+    def stop_node(self, node_id: int, grace_seconds: float) -> None:
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return
+        threading.Thread(
+            target=self._stop, args=(run, grace_seconds), name=f"stop-{node_id}", daemon=True
+        ).start()
+
+    def _stop(self, run: _Running, grace_seconds: float) -> None:
+        """SIGTERM, SIGKILL after the grace period, then the actor itself."""
+        ray = self._ray
+        try:
+            if self._signal(run, signal.SIGTERM):
+                ready, _ = ray.wait([run.ref], timeout=grace_seconds)
+                if not ready and self._signal(run, signal.SIGKILL):
+                    ray.wait([run.ref], timeout=KILL_WAIT_SECONDS)
+        except Exception as e:  # the actor died meanwhile, or Ray is shutting down
+            log.debug("%s: stop: %s", _name(run.spec), e)
+        self._kill_actor(run)
+
+    def _kill_actor(self, run: _Running) -> None:
+        try:
+            self._ray.kill(run.actor, no_restart=True)
+        except Exception as e:  # already gone, or Ray is shutting down
+            log.debug("%s: ray.kill: %s", _name(run.spec), e)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Turn finished wait() calls (exits) and failed ones (dead actors) into events."""
+        ray = self._ray
+        while not self._stop_watch.is_set():
+            with self._lock:
+                by_ref = {run.ref: run for run in self._running.values()}
+            if not by_ref:
+                self._wake.wait(WATCH_TICK_SECONDS)
+                self._wake.clear()
+                continue
+            try:
+                refs = list(by_ref)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=WATCH_TICK_SECONDS)
+                if ready:
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            except Exception as e:  # Ray going away under us during shutdown
+                if not self._stop_watch.is_set():
+                    log.error("ray.wait failed: %s", e)
+                    self._stop_watch.wait(WATCH_TICK_SECONDS)
+                continue
+            for ref in ready:
+                self._finish(by_ref[ref])
+
+    def _finish(self, run: _Running) -> None:
+        """Report a node's end once and release its actor."""
+        with self._lock:
+            if self._running.get(run.spec.id) is not run:
+                return
+            del self._running[run.spec.id]
+        event = self._event_for(run)
+        self._kill_actor(run)
+        log.info("%s id=%d ended with %d", _name(run.spec), run.spec.id, event.exit_code)
+        self.events.put(event)
+
+    def _event_for(self, run: _Running) -> NodeEvent:
+        spec = run.spec
+        try:
+            code, tail = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
+            return NodeEvent(spec.type, spec.rank, spec.id, exit_code=int(code), message=tail)
+        except Exception as e:  # a dead actor (RayError), or Ray itself gone
+            text = " ".join(str(e).split())
+            lowered = text.lower()
+            if "its node has died" in lowered or "node is dead" in lowered:
+                what = "its Ray node died"
+            elif type(e).__name__ == "ActorUnschedulableError":
+                asked = f"{spec.cpu if spec.cpu > 0 else MIN_NODE_CPU:g} CPU" + (
+                    f", {spec.memory_mb} MB memory" if spec.memory_mb > 0 else ""
+                )
+                what = (
+                    f"cannot run on Ray node {run.node.ip}, which is gone or has less than the "
+                    f"{asked} it asks for"
+                )
+            elif isinstance(e, self._RayActorError):
+                what = "its Ray actor died"
+            else:
+                what = f"its Ray actor failed ({type(e).__name__})"
+            message = f"{_name(spec)} id={spec.id}: {what}: {text[:600]}"
+            return NodeEvent(
+                spec.type,
+                spec.rank,
+                spec.id,
+                exit_code=-signal.SIGKILL,
+                oom_killed="low on memory" in lowered or "memory pressure" in lowered,
+                message=message,
+                details={"ray_error": type(e).__name__},
+            )
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def shutdown(self, grace_seconds: float = 5.0) -> None:
+        """Stop every node (SIGTERM, SIGKILL after the grace), kill every actor, report ends."""
+        ray = self._ray
+        self._closed = True
+        self._stop_watch.set()
+        self._wake.set()
+        self._watcher.join(timeout=5)
+        with self._lock:
+            runs = list(self._running.values())
+        try:
+            if runs:
+                self._terminate(runs, grace_seconds)
+        except Exception as e:  # Ray itself failing: the actors' ends are reported below
+            log.error("stopping the Ray nodes: %s", e)
+        finally:
+            for run in runs:
+                self._finish(run)
+            if self._owns_connection and ray.is_initialized():
+                ray.shutdown()
+
+    def _terminate(self, runs: list[_Running], grace_seconds: float) -> None:
+        """SIGTERM every node at once, SIGKILL the ones left after the grace, then actors."""
+        ray = self._ray
+        for run in runs:
+            run.actor.signal.remote(int(signal.SIGTERM))
+        refs = [run.ref for run in runs]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=grace_seconds)
+        left = [run for run in runs if run.ref in set(pending)]
+        for run in left:
+            run.actor.signal.remote(int(signal.SIGKILL))
+        if left:
+            refs = [run.ref for run in left]
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=KILL_WAIT_SECONDS)
+        for run in left:
+            if run.ref in set(pending):
+                log.error("%s: still running after SIGKILL; killing its actor", _name(run.spec))
+                self._kill_actor(run)
+
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._running)
+
+
+def _name(spec: NodeLaunchSpec) -> str:
+    return f"{spec.type}-{spec.rank}"
+
+
+if __name__ == "__main__":
+    _guard_main(sys.argv[1:])

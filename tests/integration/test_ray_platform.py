@@ -1,0 +1,339 @@
+"""The Ray platform on a real local Ray cluster (loopback, 2 CPUs) with real processes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from master.platform.api import NodeEvent, NodeLaunchSpec
+from master.platform.ray_platform import (
+    AUTH_MODE_ENV,
+    LOOPBACK_ENV,
+    RayPlatform,
+    start_local_cluster,
+)
+from tests.integration.test_local_job import (
+    DLROVER,
+    HERE,
+    _wait_for_node_process,
+    submit,
+    trained_counts,
+    write_job,
+)
+
+# Not importorskip: ray must not be imported before the cluster fixture asks for loopback.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+
+MARKER = "DLROVER_RAY_TEST_MARKER"
+READY = "print('node', 'ready', flush=True);"  # the log's header shows the command
+SLEEPER = READY + "import time; time.sleep(120)"
+# Starts a grandchild in the same process group, then sleeps: killing the actor must take both.
+FORKER = (
+    "import subprocess, sys, time;"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']);"
+    + READY
+    + "time.sleep(120)"
+)
+IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);" + SLEEPER
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    saved = {k: os.environ.get(k) for k in (AUTH_MODE_ENV, LOOPBACK_ENV)}
+    address = start_local_cluster(num_cpus=2)
+    yield address
+    import ray
+
+    ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def platform(ray_address):
+    p = RayPlatform(host="127.0.0.1")
+    yield p
+    p.shutdown(1.0)
+
+
+class Launcher:
+    """Builds launch specs whose processes carry a marker this test can find them by."""
+
+    def __init__(self, platform: RayPlatform, tmp_path) -> None:
+        self.platform = platform
+        self.tmp_path = tmp_path
+        self.marker = str(tmp_path)
+        self.next_id = 1
+
+    def launch(self, code: str, rank: int = 0, node_type: str = "worker") -> NodeLaunchSpec:
+        node_id, self.next_id = self.next_id, self.next_id + 1
+        spec = NodeLaunchSpec(
+            type=node_type,
+            rank=rank,
+            id=node_id,
+            command=(sys.executable, "-c", code),
+            env=dict(os.environ, **{MARKER: self.marker}),
+            workdir=str(self.tmp_path),
+            log_path=str(self.tmp_path / "logs" / f"{node_type}-{rank}.{node_id}.log"),
+        )
+        self.platform.launch(spec)
+        return spec
+
+    def processes(self) -> list[psutil.Process]:
+        return marked_processes(self.marker)
+
+    def wait_ready(self, *specs: NodeLaunchSpec, timeout: float = 60.0) -> None:
+        """Until every node has printed that it is ready (its signal handlers are set)."""
+        deadline = time.monotonic() + timeout
+        for spec in specs:
+            while "node ready" not in _read(spec.log_path):
+                assert time.monotonic() < deadline, f"{spec.id} not ready: {_read(spec.log_path)}"
+                time.sleep(0.05)
+
+    def wait_gone(self, timeout: float = 15.0) -> list[psutil.Process]:
+        deadline = time.monotonic() + timeout
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.processes()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def marked_processes(marker: str, var: str = MARKER) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(var) == marker and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def next_event(platform: RayPlatform, timeout: float = 60.0) -> NodeEvent:
+    try:
+        return platform.events.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no node event within {timeout}s") from None
+
+
+def test_exit_codes_log_tail_and_a_command_that_cannot_start(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    spec = nodes.launch("import sys; print('boom from the node'); sys.exit(3)")
+    event = next_event(platform)
+    assert (event.type, event.rank, event.id, event.exit_code) == ("worker", 0, spec.id, 3)
+    assert "boom from the node" in event.message
+    log = open(spec.log_path).read()
+    assert log.startswith(f"# worker-0 id={spec.id} on Ray node 127.0.0.1")
+    assert "boom from the node" in log
+
+    ok = nodes.launch("print('fine')", rank=1)
+    event = next_event(platform)
+    assert (event.id, event.exit_code, event.message) == (ok.id, 0, "")
+
+    bad_log = str(tmp_path / "logs" / "bad.log")
+    bad = NodeLaunchSpec("worker", 2, 99, ("/no/such/binary",), {}, str(tmp_path), bad_log)
+    platform.launch(bad)
+    event = next_event(platform)
+    assert event.id == 99 and event.exit_code == 127
+    assert "cannot run '/no/such/binary'" in event.message
+    assert platform.running_ids() == []
+
+
+def test_node_env_is_the_ray_nodes_env_plus_the_jobs(platform, tmp_path):
+    # Like a pod, a node does not inherit the master's env: it gets its Ray node's (what Ray
+    # gives its workers there, minus Ray's own RAY_* plumbing) and the job's on top.
+    show = "import json, os; print('ENV=' + json.dumps(dict(os.environ)))"
+    spec = NodeLaunchSpec(
+        "worker",
+        0,
+        7,
+        (sys.executable, "-c", show),
+        {"JOB_VAR": "from-job", "HOME": "/job/home"},
+        str(tmp_path),
+        str(tmp_path / "logs" / "env.log"),
+    )
+    platform.launch(spec)
+    assert next_event(platform).exit_code == 0
+    line = next(ln for ln in _read(spec.log_path).splitlines() if ln.startswith("ENV="))
+    env = json.loads(line[len("ENV=") :])
+    assert env["JOB_VAR"] == "from-job" and env["HOME"] == "/job/home"
+    assert env["PATH"] == os.environ["PATH"]  # from the Ray node (here: this machine)
+    assert not [k for k in env if k.startswith("RAY_")]
+    assert "OMP_NUM_THREADS" not in env or "OMP_NUM_THREADS" in os.environ
+
+
+def test_signal_node_sigkill_gives_exit_minus_9(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    spec = nodes.launch(SLEEPER)
+    nodes.wait_ready(spec)
+    assert platform.signal_node(spec.id, signal.SIGKILL)
+    event = next_event(platform)
+    assert (event.id, event.exit_code) == (spec.id, -signal.SIGKILL)
+    assert not platform.signal_node(spec.id, signal.SIGKILL)  # no longer running
+    assert nodes.wait_gone() == []
+
+
+def test_stop_node_sigterm_then_sigkill_after_grace(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    polite = nodes.launch(SLEEPER, rank=0)
+    stubborn = nodes.launch(IGNORES_TERM, rank=1)
+    nodes.wait_ready(polite, stubborn)
+    started = time.monotonic()
+    platform.stop_node(polite.id, 5.0)
+    platform.stop_node(stubborn.id, 1.0)
+    codes = {}
+    for _ in range(2):
+        event = next_event(platform, timeout=30)
+        codes[event.id] = (event.exit_code, time.monotonic() - started)
+    assert codes[polite.id][0] == -signal.SIGTERM
+    assert codes[stubborn.id][0] == -signal.SIGKILL
+    assert codes[stubborn.id][1] >= 1.0  # only after the grace period
+    assert nodes.wait_gone() == []
+
+
+def test_killed_actor_is_reported_and_takes_its_process_group(platform, tmp_path):
+    import ray
+
+    nodes = Launcher(platform, tmp_path)
+    spec = nodes.launch(FORKER)
+    nodes.wait_ready(spec)
+    assert len(nodes.processes()) == 4  # guard, sentinel, node, and the node's child
+    ray.kill(platform._running[spec.id].actor)
+    event = next_event(platform)
+    assert (event.id, event.exit_code) == (spec.id, -signal.SIGKILL)
+    assert "Ray actor died" in event.message and "ray.kill" in event.message
+    assert event.details["ray_error"] == "ActorDiedError"
+    assert nodes.wait_gone() == []
+
+
+def test_shutdown_stops_every_node_and_leaves_no_process(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    specs = [nodes.launch(SLEEPER, rank=0), nodes.launch(IGNORES_TERM, rank=1)]
+    specs.append(nodes.launch(FORKER, rank=2))
+    nodes.wait_ready(*specs)
+    platform.shutdown(1.0)
+    events = {}
+    while not platform.events.empty():
+        event = platform.events.get_nowait()
+        events[event.id] = event.exit_code
+    assert events == {
+        specs[0].id: -signal.SIGTERM,
+        specs[1].id: -signal.SIGKILL,
+        specs[2].id: -signal.SIGTERM,
+    }
+    assert nodes.wait_gone(timeout=5) == []
+    with pytest.raises(RuntimeError):
+        nodes.launch(SLEEPER)
+
+
+def test_a_request_no_ray_node_can_hold_fails_fast_with_the_reason(platform, tmp_path):
+    spec = NodeLaunchSpec(
+        "ps", 0, 5, (sys.executable, "-c", "pass"), {}, str(tmp_path), str(tmp_path / "ps.log"), 64
+    )
+    platform.launch(spec)
+    event = next_event(platform, timeout=30)
+    assert (event.id, event.exit_code) == (5, -signal.SIGKILL)
+    assert "cannot run on Ray node 127.0.0.1" in event.message and "64 CPU" in event.message
+
+
+def test_address_for_is_stable_and_distinct(platform):
+    first = {(t, r): platform.address_for(t, r) for t in ("ps", "worker") for r in range(3)}
+    again = {(t, r): platform.address_for(t, r) for t in ("ps", "worker") for r in range(3)}
+    assert first == again
+    assert len(set(first.values())) == len(first)
+    assert all(a.startswith("127.0.0.1:") for a in first.values())
+
+
+def test_fake_job_on_ray_survives_a_worker_kill(ray_address, tmp_path):
+    proc, summary = submit(
+        write_job(tmp_path),
+        tmp_path,
+        "--platform",
+        "ray",
+        "--ray-address",
+        ray_address,
+        "--kill",
+        "worker:1@40%",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fault injection: SIGKILL to worker-1" in proc.stdout
+    assert summary["status"] == "succeeded"
+    d = summary["datasets"]["train"]
+    assert d["records_done"] == d["size"] * d["epochs"] == 6000
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert [n["exit_reason"] for n in w1] == ["killed", "succeeded"]
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2
+    assert int((counts - 2).sum()) <= 16  # at most the one batch in flight at the kill
+    logs = sorted(os.listdir(os.path.join(summary["run_dir"], "logs")))
+    assert len([f for f in logs if f.startswith("worker-1.")]) == 2, logs
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_no_orphans_when_a_ray_master_is_interrupted_or_killed(ray_address, tmp_path, how):
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.05", "FAKE_SIZE": "100000"})
+    p = subprocess.Popen(
+        [*DLROVER, "submit", job, "--platform", "ray", "--ray-address", ray_address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    try:
+        _wait_for_node_process(tmp_path, "worker.0")
+        _wait_for_node_process(tmp_path, "worker.1")
+        # Per worker: the guard, its sentinel and the trainer.
+        assert len(marked_processes(str(tmp_path / "ids"), "FAKE_IDS_DIR")) == 6
+        # SIGINT: the master stops its nodes; SIGKILL: none of its cleanup code runs.
+        p.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        out, _ = p.communicate(timeout=60)
+        if how == "sigint":
+            assert p.returncode == 1 and "interrupted by SIGINT" in out, out
+    finally:
+        if p.poll() is None:
+            p.kill()
+    deadline = time.monotonic() + 30
+    while marked_processes(str(tmp_path / "ids"), "FAKE_IDS_DIR") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = marked_processes(str(tmp_path / "ids"), "FAKE_IDS_DIR")
+    assert left == [], [(p.pid, p.ppid(), p.cmdline()) for p in left]
+
+
+def test_unreachable_ray_address_is_one_clear_error(tmp_path):
+    proc = subprocess.run(
+        [
+            *DLROVER,
+            "submit",
+            write_job(tmp_path),
+            "--platform",
+            "ray",
+            "--ray-address",
+            "127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(HERE),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cannot connect to the Ray cluster at '127.0.0.1:1'" in proc.stderr
+    assert "Traceback" not in proc.stderr
