@@ -137,7 +137,7 @@ class LocalPlatform(Platform):
     def _reap(self, run: _Running) -> None:
         code = run.proc.wait()
         # Anything the node left behind in its group goes with it.
-        _killpg(run.pgid, signal.SIGKILL)
+        kill_process_group(run.pgid, signal.SIGKILL)
         with self._lock:
             self._running.pop(run.spec.id, None)
         tail = read_tail(run.spec.log_path) if code != 0 else ""
@@ -156,7 +156,7 @@ class LocalPlatform(Platform):
             run = self._running.get(node_id)
         if run is None:
             return False
-        return _killpg(run.pgid, sig)
+        return kill_process_group(run.pgid, sig)
 
     def stop_node(self, node_id: int, grace_seconds: float) -> None:
         with self._lock:
@@ -164,14 +164,14 @@ class LocalPlatform(Platform):
         if run is None:
             return
         run.stop_requested = True
-        _killpg(run.pgid, signal.SIGTERM)
+        kill_process_group(run.pgid, signal.SIGTERM)
         threading.Thread(target=self._kill_after, args=(run, grace_seconds), daemon=True).start()
 
     def _kill_after(self, run: _Running, grace_seconds: float) -> None:
         try:
             run.proc.wait(timeout=grace_seconds)
         except subprocess.TimeoutExpired:
-            _killpg(run.pgid, signal.SIGKILL)
+            kill_process_group(run.pgid, signal.SIGKILL)
 
     def shutdown(self, grace_seconds: float = 5.0) -> None:
         """SIGTERM every group, SIGKILL what is left after the grace period."""
@@ -180,7 +180,7 @@ class LocalPlatform(Platform):
             runs = list(self._running.values())
             pgids = set(self._pgids)
         for run in runs:
-            _killpg(run.pgid, signal.SIGTERM)
+            kill_process_group(run.pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         for run in runs:
             try:
@@ -188,7 +188,7 @@ class LocalPlatform(Platform):
             except subprocess.TimeoutExpired:
                 pass
         for pgid in pgids:
-            _killpg(pgid, signal.SIGKILL)
+            kill_process_group(pgid, signal.SIGKILL)
         for run in runs:
             try:
                 run.proc.wait(timeout=5)
@@ -201,7 +201,8 @@ class LocalPlatform(Platform):
             return list(self._running)
 
 
-def _killpg(pgid: int, sig: int) -> bool:
+def kill_process_group(pgid: int, sig: int) -> bool:
+    """Signal a whole process group; False if it is gone."""
     try:
         os.killpg(pgid, sig)
         return True

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
-from master.platform.local import free_port, read_tail
+from master.platform.local import free_port, kill_process_group, read_tail
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +65,6 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def _pkg_root() -> str:
     """The directory holding the `master` package, so the guard module can be found."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _killpg(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        log.warning("no permission to signal process group %d", pgid)
-        return False
 
 
 # -- inside the Ray actor ------------------------------------------------------------------
@@ -126,14 +115,14 @@ class NodeActor:
             return EXIT_CANNOT_RUN, self._error
         code = self._proc.wait()
         # Anything the node left behind in its group goes with it.
-        _killpg(self._proc.pid, signal.SIGKILL)
+        kill_process_group(self._proc.pid, signal.SIGKILL)
         return code, read_tail(self.spec.log_path) if code != 0 else ""
 
     def signal(self, sig: int) -> bool:
         """Signal the node's whole process group; False if it has ended."""
         if self._proc is None or self._proc.poll() is not None:
             return False
-        return _killpg(self._proc.pid, sig)
+        return kill_process_group(self._proc.pid, sig)
 
 
 def _ray_node_env() -> dict[str, str]:

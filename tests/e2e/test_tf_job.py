@@ -19,7 +19,7 @@ RECORDS, EPOCHS, BATCH = 24_000, 2, 128
 pytestmark = pytest.mark.slow
 
 
-def write_job(tmp_path, records=RECORDS):
+def write_job(tmp_path, records=RECORDS, eval_records=2048):
     ids = tmp_path / "ids"
     ids.mkdir()
     job = {
@@ -34,7 +34,7 @@ def write_job(tmp_path, records=RECORDS):
             "--batch-size",
             str(BATCH),
             "--eval-records",
-            "2048",
+            str(eval_records),
             "--log-trained-ids",
             str(ids / "trained"),
         ],
@@ -59,37 +59,27 @@ def check_trained_ids(ids, records, extra_batches):
     return files
 
 
-def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
-    ids = write_job(tmp_path)
+def run_worker_kill_job(tmp_path, *args, records=RECORDS, env=None):
+    """The example with worker 1 SIGKILLed at 40%; checks the summary and the trained ids."""
+    ids = write_job(tmp_path, records=records, eval_records=1024)
     summary_path = tmp_path / "summary.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "master.cli",
-            "submit",
-            str(tmp_path / "job.yaml"),
-            "--kill",
-            "worker:1@40%",
-            "--summary-json",
-            str(summary_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml"), *args]
+    cmd += ["--kill", "worker:1@40%", "--summary-json", str(summary_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "succeeded"
-    d = summary["datasets"]["train"]
-    assert d["records_done"] == RECORDS * EPOCHS
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
     assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded"
     assert all(n["status"] == "deleted" for n in summary["nodes"] if n["type"] == "ps")
-
-    files = check_trained_ids(ids, RECORDS, extra_batches=1)
+    files = check_trained_ids(ids, records, extra_batches=1)
     assert len(files) >= 4, files  # chief, worker 0, and both incarnations of worker 1
+    return summary
+
+
+def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
+    run_worker_kill_job(tmp_path)
 
 
 def _wait_for_ids(ids, task, timeout=120.0):
