@@ -359,7 +359,9 @@ class ProgressStream:
             return None
         self._queue.put(self._END)
         try:
-            return self._future.result(timeout=timeout)
+            reply = self._future.result(timeout=timeout)
+            self._last = None  # applied: nothing to send again on the next stream
+            return reply
         except grpc.RpcError as e:
             raise self._client._translate(e) from None
         finally:

@@ -24,10 +24,12 @@ def test_stream_applies_reports_in_order_and_skips_stale_ones(harness):
     stream = ProgressStream(c)
     for consumed in range(10, 101, 10):
         stream.send("d", [(a.shard_id, consumed)], global_step=consumed)
+    reply = stream.close()  # waits until the master applied all ten
+    assert (reply.applied, reply.stale) == (10, 0)
     c.return_shards("d")  # b goes back to todo: its id is stale from now on
-    stream.send("d", [(b.shard_id, 10)])
+    stream.send("d", [(b.shard_id, 10)])  # reopens the stream
     reply = stream.close()
-    assert (reply.applied, reply.stale) == (10, 1)
+    assert (reply.applied, reply.stale) == (0, 1)
     stats = harness.job.sharding.stats()[0]
     assert stats.records_done == 100 and stats.records_todo == 900
     assert harness.job.global_step == 100
