@@ -50,6 +50,7 @@ LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
 MAX_REPLICAS = 1024
 JOB_TABLE = "job"
+EVENTS_FILE = "events.jsonl"
 
 
 class JobState(str, enum.Enum):
@@ -502,8 +503,20 @@ class JobMaster:
         event = JobEvent(time.time(), kind, message)
         self.events.append(event)
         log.info("%s", message)
+        self._append_event_line(event)
         if self._on_event:
             self._on_event(event)
+
+    def _append_event_line(self, event: JobEvent) -> None:
+        """Keep every event in <run dir>/events.jsonl, one JSON object per line."""
+        if not self.runtime.run_dir:
+            return
+        line = json.dumps({"time": event.time, "kind": event.kind, "message": event.message})
+        try:
+            with open(os.path.join(self.runtime.run_dir, EVENTS_FILE), "a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            log.warning("cannot append to %s: %s", EVENTS_FILE, e)
 
 
 def _last_line(text: str) -> str:

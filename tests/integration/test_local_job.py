@@ -89,6 +89,9 @@ def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
     assert counts.min() == 2
     assert int((counts - 2).sum()) <= 16
     assert summary["wall_seconds"] > 0 and summary["global_step"] > 0
+    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
+        kinds = [json.loads(line)["kind"] for line in f]
+    assert kinds[:3] == ["fault", "node_failed", "relaunch"] and kinds[-1] == "job_succeeded"
 
 
 def test_relaunch_budget_exhausted_fails_with_reason(tmp_path):
