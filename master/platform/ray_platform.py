@@ -25,11 +25,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
 from master.platform.local import free_port, kill_process_group, read_tail
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,6 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 NODE_CACHE_SECONDS = 2.0
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
 ACTOR_MAX_CONCURRENCY = 4
-# Exit code when the command cannot be started at all (as a shell would report it).
-EXIT_CANNOT_RUN = 127
-GUARD_MODULE = "master.platform.ray_platform"
 
 # Ray 2.60 turns token authentication on for a cluster ray.init starts; a cluster that only
 # this master uses, on loopback, needs none.
@@ -144,63 +141,6 @@ def _ray_node_env() -> dict[str, str]:
             k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONBREAKPOINT")
         }
     return {k: v for k, v in env.items() if not k.startswith("RAY_") and k != "SPT_NOENV"}
-
-
-# -- the guard process ---------------------------------------------------------------------
-
-# Signals a signal_node() may send to the whole group that must not end the guard or the
-# sentinel before the command: they outlive them and let the command decide.
-_GUARD_SURVIVES = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-
-
-def _guard_main(argv: Sequence[str]) -> None:
-    """Run COMMAND in this process group, which a sentinel kills when the lifeline closes.
-
-    The sentinel is a fork of the guard, not a child of the actor: Ray SIGKILLs an exiting
-    worker's direct children (the guard), but not their children, so the sentinel is still
-    there to take the group down. The guard ends the way the command ended (same exit code
-    or same signal), which is what the actor's wait() reports.
-    """
-    if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write(f"usage: python -m {GUARD_MODULE} LIFELINE_FD -- COMMAND...\n")
-        os._exit(2)
-    lifeline, command = int(argv[0]), list(argv[2:])
-    if os.fork() == 0:
-        _sentinel(lifeline)
-    os.close(lifeline)
-    for sig in _GUARD_SURVIVES:
-        # A handler (unlike SIG_IGN) is reset to the default in the command by exec.
-        signal.signal(sig, lambda signum, frame: None)
-    try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        sys.stderr.write(f"cannot run {command[0]!r}: {e}\n")
-        sys.stderr.flush()
-        os._exit(EXIT_CANNOT_RUN)
-    code = child.wait()
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code if code >= 0 else 128 - code)
-
-
-def _sentinel(lifeline: int) -> None:
-    """Block until the actor's end of the lifeline closes, then SIGKILL the process group."""
-    try:
-        for sig in _GUARD_SURVIVES:
-            signal.signal(sig, signal.SIG_IGN)
-        while os.read(lifeline, 64):
-            pass
-        os.killpg(0, signal.SIGKILL)
-    finally:
-        os._exit(0)
 
 
 # -- in the master -------------------------------------------------------------------------
@@ -589,7 +529,3 @@ class RayPlatform(Platform):
 
 def _name(spec: NodeLaunchSpec) -> str:
     return f"{spec.type}-{spec.rank}"
-
-
-if __name__ == "__main__":
-    _guard_main(sys.argv[1:])
