@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
     sc.add_argument("target", metavar="TYPE=N", help="e.g. worker=3")
     sc.add_argument("--reason", default="", help="shown in the job's events")
+    lg = sub.add_parser("logs", help="print a node's log, every incarnation in order")
+    lg.add_argument("node", metavar="TYPE-RANK", help="e.g. worker-1")
+    lg.add_argument("--run-dir", required=True, help="the job's run dir (printed at start)")
+    lg.add_argument("--tail", type=int, default=0, help="only the last N lines of each")
     for cmd in (st, sc):
         cmd.add_argument("--addr", required=True, help="master host:port")
         cmd.add_argument("--token-file", required=True, help="the run's .job_token file")
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args)
     if args.cmd == "scale":
         return _scale(args)
+    if args.cmd == "logs":
+        return _logs(args)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.cmd == "master" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -138,6 +144,34 @@ def _scale(args: argparse.Namespace) -> int:
         return 2
     version = reply.cluster_version
     print(f"{node_type}: {reply.previous} -> {reply.replicas} (cluster version {version})")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    import glob
+    import os
+
+    pattern = os.path.join(args.run_dir, "logs", f"{args.node}.*.log")
+    paths = sorted(glob.glob(pattern), key=lambda p: int(p.rsplit(".", 2)[-2]))
+    if not paths:
+        known = sorted(
+            {
+                os.path.basename(p).split(".")[0]
+                for p in glob.glob(os.path.join(args.run_dir, "logs", "*.log"))
+            }
+        )
+        print(
+            f"dlrover: error: no log of {args.node!r} in {args.run_dir}/logs "
+            f"(nodes with logs: {', '.join(known) or 'none'})",
+            file=sys.stderr,
+        )
+        return 2
+    for path in paths:
+        node_id = path.rsplit(".", 2)[-2]
+        print(f"===== {args.node} id {node_id} ({path}) =====")
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+        sys.stdout.writelines(lines[-args.tail :] if args.tail > 0 else lines)
     return 0
 
 

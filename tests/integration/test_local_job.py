@@ -89,6 +89,21 @@ def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
     assert counts.min() == 2
     assert int((counts - 2).sum()) <= 16
     assert summary["wall_seconds"] > 0 and summary["global_step"] > 0
+    logs = subprocess.run(
+        [*DLROVER, "logs", "worker-1", "--run-dir", summary["run_dir"], "--tail", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert logs.returncode == 0
+    assert [ln.split(" (")[0] for ln in logs.stdout.splitlines() if ln.startswith("=====")] == [
+        f"===== worker-1 id {n['id']}" for n in w1
+    ]
+    missing = subprocess.run(
+        [*DLROVER, "logs", "worker-9", "--run-dir", summary["run_dir"]],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "nodes with logs: worker-0, worker-1" in missing.stderr
     with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
         kinds = [json.loads(line)["kind"] for line in f]
     assert kinds[:3] == ["fault", "node_failed", "relaunch"] and kinds[-1] == "job_succeeded"
