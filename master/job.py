@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from master.checkpoints import CheckpointRegistry
 from master.client import (
@@ -90,7 +90,6 @@ class JobRuntime:
     run_dir: str
     master_addr: str
     token_file: str
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 class JobMaster:
@@ -126,7 +125,6 @@ class JobMaster:
         self._scale_requests: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._replicas = {t: spec.group(t).replicas for t in NODE_TYPES}
         self.cluster_version = 1
-        self._done = threading.Event()
         self._lock = threading.Lock()
         self.wall_seconds = 0.0
 
@@ -183,9 +181,6 @@ class JobMaster:
     def request_stop(self, reason: str) -> None:
         """Ask the control loop to stop the job (Ctrl-C, SIGTERM); safe from any thread."""
         self._stop_request.put(reason)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
 
     def note_global_step(self, step: int) -> None:
         with self._lock:
@@ -261,7 +256,6 @@ class JobMaster:
         env = dict(os.environ) if self.platform.inherits_master_env else {}
         env.update(self.spec.env)
         env.update(self.spec.group(node.type).env)
-        env.update(self.runtime.extra_env)
         env.update(
             {
                 ENV_MASTER_ADDR: self.runtime.master_addr,
@@ -486,7 +480,6 @@ class JobMaster:
                 if not node.state.ended:
                     self.nodes.mark_exited(node.id, -signal.SIGTERM, ExitReason.STOPPED)
             self.sharding.close()
-            self._done.set()
 
     def _set_state(self, state: JobState, reason: str) -> None:
         self.state = state

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from master.config import JobSpec, MasterConfig
 from master.faults import Fault
-from master.job import JobEvent, JobMaster, JobRuntime, JobState
+from master.job import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
 from master.platform.factory import create_platform
 from master.server import advertised_host, job_status_pb, start_server
 from master.state.sqlite import SQLiteStateStore
@@ -113,7 +113,7 @@ def progress_line(job: JobMaster) -> str:
         f"{t}-{r}:{STATE_SHORT.get(n.status, n.status)}"
         + (f"(r{n.relaunches})" if n.relaunches else "")
         for (t, r), n in sorted(
-            current.items(), key=lambda kv: ("pcwe".index(kv[0][0][0]), kv[0][1])
+            current.items(), key=lambda kv: (LAUNCH_ORDER.index(kv[0][0]), kv[0][1])
         )
     )
     parts.append(nodes)

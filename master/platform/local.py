@@ -28,6 +28,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def spawn_logged(
+    spec: NodeLaunchSpec,
+    command: list[str],
+    env: dict[str, str],
+    header: str,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen:
+    """Start `command` in a new process group, output appended to the spec's log file.
+
+    The project's root goes on PYTHONPATH so the platforms' wrapper modules (orphan guards)
+    are importable from the node's working directory.
+    """
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)}
+    os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
+    with open(spec.log_path, "ab", buffering=0) as logf:
+        logf.write(
+            f"# {spec.type}-{spec.rank} id={spec.id}{header}: {' '.join(spec.command)}\n".encode()
+        )
+        return subprocess.Popen(
+            command,
+            cwd=spec.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+
+
 def read_tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
     """The last `limit` bytes of a log file, for exit messages."""
     try:
@@ -103,28 +134,11 @@ class LocalPlatform(Platform):
                 done.set_exception(e)
 
     def _start(self, spec: NodeLaunchSpec) -> None:
-        os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
         command = list(spec.command)
         if self.orphan_guard and sys.platform.startswith("linux"):
             guard = [sys.executable, "-m", "master.platform.pdeathsig", str(os.getpid()), "--"]
             command = guard + command
-        env = dict(spec.env)
-        # The guard module must be importable from the node's working directory.
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        with open(spec.log_path, "ab", buffering=0) as logf:
-            logf.write(
-                f"# {spec.type}-{spec.rank} id={spec.id}: {' '.join(spec.command)}\n".encode()
-            )
-            proc = subprocess.Popen(
-                command,
-                cwd=spec.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        proc = spawn_logged(spec, command, dict(spec.env), "")
         run = _Running(spec=spec, proc=proc, pgid=proc.pid)
         with self._lock:
             self._running[spec.id] = run
@@ -195,10 +209,6 @@ class LocalPlatform(Platform):
             except subprocess.TimeoutExpired:
                 log.error("process %d did not die after SIGKILL", run.proc.pid)
         self._launch_queue.put(None)
-
-    def running_ids(self) -> list[int]:
-        with self._lock:
-            return list(self._running)
 
 
 def kill_process_group(pgid: int, sig: int) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
 from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
-from master.platform.local import free_port, kill_process_group, read_tail
+from master.platform.local import free_port, kill_process_group, read_tail, spawn_logged
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,6 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def _pkg_root() -> str:
-    """The directory holding the `master` package, so the guard module can be found."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 # -- inside the Ray actor ------------------------------------------------------------------
 
 
@@ -82,25 +77,15 @@ class NodeActor:
         # The actor keeps the write end for its whole life; see the module docstring.
         read_fd, self._lifeline = os.pipe()
         env = {**_ray_node_env(), **spec.env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_pkg_root(), env.get("PYTHONPATH")) if p)
         guard = [sys.executable, "-m", GUARD_MODULE, str(read_fd), "--"]
         try:
-            os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
-            with open(spec.log_path, "ab", buffering=0) as logf:
-                logf.write(
-                    f"# {spec.type}-{spec.rank} id={spec.id} on Ray node {ray_node} "
-                    f"(actor pid {os.getpid()}): {' '.join(spec.command)}\n".encode()
-                )
-                self._proc = subprocess.Popen(
-                    guard + list(spec.command),
-                    cwd=spec.workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(read_fd,),
-                )
+            self._proc = spawn_logged(
+                spec,
+                guard + list(spec.command),
+                env,
+                f" on Ray node {ray_node} (actor pid {os.getpid()})",
+                pass_fds=(read_fd,),
+            )
         except OSError as e:
             self._error = f"cannot start {spec.type}-{spec.rank} id={spec.id}: {e}"
         finally:

@@ -244,9 +244,6 @@ class ShardingService:
                 )
         return out
 
-    def all_finished(self) -> bool:
-        return all(s.finished for s in self.stats())
-
     def _persist(self, entry: _Entry, force: bool = False) -> None:
         with entry.cond:
             if not (entry.dirty or force):
