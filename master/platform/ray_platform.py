@@ -47,6 +47,8 @@ KILL_WAIT_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 # The list of alive Ray nodes is cached this long.
 NODE_CACHE_SECONDS = 2.0
+# A local raylet that never registers (seen once in CI under load) gets a fresh try.
+LOCAL_START_ATTEMPTS = 3
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
 ACTOR_MAX_CONCURRENCY = 4
 
@@ -198,14 +200,25 @@ def start_local_cluster(num_cpus: int | None = None) -> str:
     """
     os.environ.setdefault(AUTH_MODE_ENV, "disabled")
     ray = _import_ray(loopback=True)
-    ctx = ray.init(
-        address="local",
-        num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
-    return ctx.address_info["gcs_address"]
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ctx = ray.init(
+                address="local",
+                num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
+            return ctx.address_info["gcs_address"]
+        except Exception as e:  # Ray raises a bare Exception when its raylet never comes up
+            ray.shutdown()
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise PlatformError(
+                    f"the local Ray cluster did not start after {attempt} attempts: {e}; "
+                    "see the raylet logs under /tmp/ray/session_latest/logs"
+                ) from e
+            log.warning("local Ray cluster failed to start (%s); trying again", e)
+    raise AssertionError("unreachable")
 
 
 class RayPlatform(Platform):
