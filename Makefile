@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[tf,ray,k8s,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[tf,torch,ray,k8s,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

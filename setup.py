@@ -13,8 +13,17 @@ setup(
     version="0.1.0",
     description="Elastic distributed training: a per-job master for TensorFlow PS and PyTorch jobs",
     python_requires=">=3.10",
-    packages=find_packages(include=["master", "master.*", "dlrover_tf", "dlrover_tf.*"]),
-    install_requires=["grpcio>=1.60", "protobuf>=4.25,<5", "psutil", "pyyaml"],
+    packages=find_packages(
+        include=[
+            "master",
+            "master.*",
+            "dlrover_tf",
+            "dlrover_tf.*",
+            "dlrover_torch",
+            "dlrover_torch.*",
+        ]
+    ),
+    install_requires=["grpcio>=1.60", "protobuf>=4.25,<5", "psutil", "pyyaml", "prometheus-client"],
     extras_require={
         "tf": TF,
         "torch": TORCH,
@@ -23,5 +32,7 @@ setup(
         "all": TF + TORCH + RAY + K8S,
         "dev": DEV,
     },
-    entry_points={"console_scripts": ["dlrover=master.cli:main"]},
+    entry_points={
+        "console_scripts": ["dlrover=master.cli:main", "dlrover-run=dlrover_torch.run:main"]
+    },
 )

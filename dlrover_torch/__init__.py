@@ -1,0 +1,1 @@
+"""PyTorch integration: the dlrover-run launcher, its elastic agent, and flash checkpoint."""
