@@ -1,11 +1,256 @@
-"""dlrover-run: a drop-in for torchrun backed by the job master (being built; see issue 4)."""
+"""dlrover-run: a drop-in for torchrun whose agent restarts faster and survives node changes."""
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+from dlrover_torch.agent import AgentConfig, DLRoverElasticAgent, NodeExcludedError
+from dlrover_torch.launch_config import LaunchConfig, LaunchConfigError, config_from_args
+from dlrover_torch.reporting import AgentReporter
+
+log = logging.getLogger("dlrover_torch.run")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_EXCLUDED = 3
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class _Resources:
+    """What main() started and must stop again, in reverse order."""
+
+    closers: list[Callable[[], Any]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception as e:  # cleanup must go on
+                log.warning("cleanup step failed: %s", e)
+
+
+@dataclass
+class Rendezvous:
+    """The rendezvous handler for the training rounds, and where the agent reports events."""
+
+    handler: RendezvousHandler
+    reporter: AgentReporter
+    check_handler: Callable[[], RendezvousHandler] | None = None
+
+
+def _torch_rendezvous(cfg: LaunchConfig, run_id: str, suffix: str = "") -> RendezvousHandler:
+    """A handler from torch's registry (c10d, static, etcd); its store is never the workers'."""
+    params = RendezvousParameters(
+        backend=cfg.rdzv_backend,
+        endpoint=cfg.rdzv_endpoint,
+        run_id=run_id + suffix,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        local_addr=cfg.local_addr,
+        **cfg.rdzv_configs,
+    )
+    return rdzv_registry.get_rendezvous_handler(params)
+
+
+def _master_rendezvous(
+    cfg: LaunchConfig, env: Mapping[str, str], resources: _Resources
+) -> Rendezvous:
+    """The dlrover master's rendezvous and KV store; starts a local master when none is given."""
+    from dlrover_torch.rendezvous import MasterRendezvousHandler
+    from master.client import (
+        ENV_JOB_TOKEN,
+        KVClient,
+        MasterClient,
+        RendezvousClient,
+        read_token,
+    )
+
+    addr, token = cfg.master_addr, ""
+    if addr:
+        token = read_token(env)
+    else:
+        from master.standalone import start_standalone_master
+
+        server, port, token = start_standalone_master(host="127.0.0.1", port=0)
+        resources.closers.append(lambda: server.stop(grace=None))
+        addr = f"127.0.0.1:{port}"
+        log.info("started a local dlrover master at %s", addr)
+    if not token and cfg.master_addr:
+        log.warning("no job token (%s / token file): the master may refuse calls", ENV_JOB_TOKEN)
+    identity = _node_identity(cfg, env)
+    client = MasterClient(addr, token, identity)
+    resources.closers.append(client.close)
+    rdzv_client, kv = RendezvousClient(client), KVClient(client)
+    conf = cfg.rdzv_configs
+
+    def handler(run_id: str, min_nodes: int, last_call: float) -> RendezvousHandler:
+        return MasterRendezvousHandler(
+            rdzv_client,
+            kv,
+            run_id=run_id,
+            node_rank_hint=cfg.node_rank,
+            local_world_size=cfg.nproc_per_node,
+            min_nodes=min_nodes,
+            max_nodes=cfg.max_nodes,
+            node_unit=cfg.node_unit,
+            last_call_seconds=last_call,
+            join_timeout_seconds=float(conf.get("join_timeout", 600)),
+        )
+
+    last_call = float(conf.get("last_call_timeout", 1.0))
+    main_handler = handler(cfg.run_id, cfg.min_nodes, last_call)
+    reporter = AgentReporter(cfg.run_id, cfg.node_rank, kv)
+    return Rendezvous(
+        main_handler,
+        reporter,
+        check_handler=lambda: handler(f"{cfg.run_id}-node-check", 1, max(last_call, 2.0)),
+    )
+
+
+def _node_identity(cfg: LaunchConfig, env: Mapping[str, str]) -> Any:
+    """This agent's identity: the master-given one under `dlrover submit`, else one of our own."""
+    from master.client import ENV_NODE_ID, ENV_NODE_TYPE, NodeIdentity
+
+    if env.get(ENV_NODE_TYPE):
+        return NodeIdentity(env[ENV_NODE_TYPE], cfg.node_rank, int(env.get(ENV_NODE_ID, "0")))
+    # Agents started by hand: the pid and host tell incarnations and machines apart.
+    uid = (os.getpid() << 16) ^ (hash(socket.gethostname()) & 0xFFFF)
+    return NodeIdentity("worker", cfg.node_rank, uid)
+
+
+def _rendezvous(cfg: LaunchConfig, env: Mapping[str, str], resources: _Resources) -> Rendezvous:
+    if cfg.uses_master:
+        return _master_rendezvous(cfg, env, resources)
+    run_id = cfg.run_id
+    return Rendezvous(
+        _torch_rendezvous(cfg, run_id),
+        AgentReporter(run_id, cfg.node_rank),
+        check_handler=lambda: _torch_rendezvous(cfg, run_id, "-node-check"),
+    )
+
+
+def build_agent(
+    cfg: LaunchConfig, env: Mapping[str, str], resources: _Resources
+) -> DLRoverElasticAgent:
+    """The agent for this node, with its rendezvous and (when asked) its node check."""
+    rdzv = _rendezvous(cfg, env, resources)
+    resources.closers.append(rdzv.handler.shutdown)
+    spec = WorkerSpec(
+        role=cfg.role,
+        local_world_size=cfg.nproc_per_node,
+        rdzv_handler=rdzv.handler,
+        entrypoint=cfg.python,
+        args=tuple(cfg.command.argv()),
+        max_restarts=cfg.max_restarts,
+        monitor_interval=cfg.monitor_interval,
+        master_addr=cfg.static_master_addr if cfg.rdzv_backend == "static" else None,
+        master_port=cfg.static_master_port if cfg.rdzv_backend == "static" else None,
+        local_addr=cfg.local_addr,
+        event_log_handler=cfg.event_log_handler,
+    )
+    logs_specs = DefaultLogsSpecs(
+        log_dir=cfg.log_dir,
+        redirects=Std.from_str(cfg.redirects),
+        tee=Std.from_str(cfg.tee),
+        local_ranks_filter=set(cfg.local_ranks_filter) if cfg.local_ranks_filter else None,
+    )
+    node_check = None
+    if cfg.network_check and rdzv.check_handler is not None:
+        from dlrover_torch.node_check import NodeCheckRound
+
+        node_check = NodeCheckRound(
+            rdzv.check_handler,
+            timeout_seconds=cfg.node_check_timeout,
+            straggler_ratio=cfg.straggler_ratio,
+            exclude_straggler=cfg.exclude_straggler,
+        )
+    agent = DLRoverElasticAgent(
+        spec,
+        logs_specs,
+        command=cfg.command,
+        config=AgentConfig(hang=cfg.hang, spare_workers=cfg.spare_workers, python=cfg.python),
+        reporter=rdzv.reporter,
+        node_check=node_check,
+        start_method=cfg.start_method,
+        exit_barrier_timeout=cfg.exit_barrier_timeout,
+        log_line_prefix_template=cfg.log_line_prefix_template,
+        shutdown_timeout=cfg.shutdown_timeout,
+    )
+    resources.closers.append(agent.close)
+    return agent
+
+
+def _summarize(result: RunResult) -> str:
+    lines = ["dlrover-run: the workers failed:"]
+    for rank, failure in sorted(result.failures.items()):
+        message = failure.message if isinstance(failure.message, str) else str(failure.message)
+        lines.append(
+            f"  global rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): "
+            f"exit code {failure.exitcode}; {message.strip()[:400]}"
+        )
+    return "\n".join(lines)
+
+
+def _prepare_process_env(cfg: LaunchConfig) -> None:
+    """The few variables dlrover-run sets for itself and its workers, all here at the entry."""
+    if cfg.omp_num_threads and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = cfg.omp_num_threads
+    if not cfg.uses_master:
+        # torch's c10d rendezvous would otherwise hand its own TCP store to the workers; a
+        # restarted group then can reach a stale address and hang in init_process_group.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the dlrover-run console script."""
-    print("dlrover-run is not available yet in this build", file=sys.stderr)
-    return 2
+    logging.basicConfig(
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        format="[dlrover-run %(asctime)s %(levelname)s] %(message)s",
+    )
+    try:
+        cfg, _ = config_from_args(argv, os.environ)
+    except LaunchConfigError as e:
+        print(f"dlrover-run: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    _prepare_process_env(cfg)
+    resources = _Resources()
+    try:
+        agent = build_agent(cfg, os.environ, resources)
+        agent.start_spares()
+        result = agent.run(cfg.role)
+    except NodeExcludedError as e:
+        print(f"dlrover-run: {e}", file=sys.stderr)
+        return EXIT_EXCLUDED
+    except SignalException as e:
+        print(f"dlrover-run: stopped by {e.sigval.name}; the workers were stopped", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except Exception as e:
+        from master.client import MasterError
+
+        if isinstance(e, MasterError):
+            print(f"dlrover-run: error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+    finally:
+        resources.close()
+    if result is None:  # torch: the rendezvous was closed and the agent exited gracefully
+        return 0
+    if result.is_failed():
+        print(_summarize(result), file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The dlrover-run elastic agent: torch's LocalElasticAgent with spare workers, hang detection,
+stop hooks, node checks, and restarts that a lost node does not charge to ``max_restarts``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import LogsSpecs
+
+from dlrover_torch.hang import HangConfig, HangDetector
+from dlrover_torch.progress import ENV_PROGRESS_FILE
+from dlrover_torch.reporting import AgentReporter
+from dlrover_torch.worker_pool import (
+    HookedSubprocessContext,
+    PooledSubprocessContext,
+    SparePool,
+    WorkerCommand,
+)
+
+log = logging.getLogger(__name__)
+
+# Called with a one-line reason right before a running worker group is stopped (failure, hang,
+# membership change, SIGTERM, end of run). Flash checkpoint registers "persist the latest
+# in-memory checkpoint" here.
+StopHook = Callable[[str], None]
+
+
+class NodeExcludedError(RuntimeError):
+    """The node check found this node faulty or straggling and exclusion was asked for."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What the dlrover agent adds to torch's agent, built once from the CLI."""
+
+    hang: HangConfig = field(default_factory=HangConfig)
+    spare_workers: bool = True
+    spare_refill_delay_seconds: float = 2.0
+    preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
+    python: str = sys.executable
+
+
+class NodeCheck:
+    """Runs a node check round before training; returns False when this node must leave."""
+
+    def run(self, agent: DLRoverElasticAgent) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class DLRoverElasticAgent(LocalElasticAgent):
+    """A LocalElasticAgent that starts workers from pre-imported spares and detects hangs."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs,
+        command: WorkerCommand,
+        config: AgentConfig,
+        reporter: AgentReporter,
+        node_check: NodeCheck | None = None,
+        start_method: str = "spawn",
+        exit_barrier_timeout: float = 300,
+        log_line_prefix_template: str | None = None,
+        shutdown_timeout: int = 30,
+    ) -> None:
+        super().__init__(
+            spec,
+            logs_specs,
+            start_method=start_method,
+            exit_barrier_timeout=exit_barrier_timeout,
+            log_line_prefix_template=log_line_prefix_template,
+            shutdown_timeout=shutdown_timeout,
+        )
+        self.command = command
+        self.config = config
+        self.reporter = reporter
+        self.on_stop: list[StopHook] = []
+        self._node_check = node_check
+        self._pool = (
+            SparePool(
+                spec.local_world_size,
+                preload=config.preload,
+                python=config.python,
+                refill_delay_seconds=config.spare_refill_delay_seconds,
+            )
+            if config.spare_workers
+            else None
+        )
+        self._hang = HangDetector(config.hang)
+        self._work_dir = tempfile.mkdtemp(prefix="dlrover_agent_")
+        self._stop_reason: str | None = None
+        self._last_state: WorkerState | None = None
+        self._attempt = 0
+
+    # -- public -----------------------------------------------------------
+
+    @property
+    def remaining_restarts(self) -> int:
+        """Restarts left before the agent gives up (membership changes do not spend them)."""
+        return self._remaining_restarts
+
+    @property
+    def spare_pool(self) -> SparePool | None:
+        """The spare worker processes, when enabled."""
+        return self._pool
+
+    def start_spares(self) -> None:
+        """Start the spare workers now, so they import torch while rendezvous runs."""
+        if self._pool is not None:
+            self._pool.fill()
+
+    # -- template-method overrides ----------------------------------------
+
+    def _initialize_workers(self, worker_group: WorkerGroup) -> None:
+        if self._node_check is not None:
+            check, self._node_check = self._node_check, None
+            if not check.run(self):
+                raise NodeExcludedError(
+                    "the node check excluded this node (faulty or straggling); see the log "
+                    "above. Drop --exclude-straggler to keep stragglers in the job."
+                )
+        super()._initialize_workers(worker_group)
+
+    def _worker_envs(self, worker_group: WorkerGroup) -> dict[int, dict[str, str]]:
+        """The variables each worker gets: torchrun's set plus the step-report file."""
+        spec = worker_group.spec
+        restart_count = spec.max_restarts - self._remaining_restarts
+        attempt_dir = os.path.join(self._work_dir, f"attempt_{self._attempt}")
+        os.makedirs(attempt_dir, exist_ok=True)
+        envs: dict[int, dict[str, str]] = {}
+        for worker in worker_group.workers:
+            env = {
+                "RANK": str(worker.global_rank),
+                "LOCAL_RANK": str(worker.local_rank),
+                "GROUP_RANK": str(worker_group.group_rank),
+                "ROLE_RANK": str(worker.role_rank),
+                "ROLE_NAME": spec.role,
+                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+                "WORLD_SIZE": str(worker.world_size),
+                "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
+                "ROLE_WORLD_SIZE": str(worker.role_world_size),
+                "MASTER_ADDR": str(worker_group.master_addr),
+                "MASTER_PORT": str(worker_group.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+                "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+                ),
+                ENV_PROGRESS_FILE: os.path.join(attempt_dir, f"progress_{worker.local_rank}"),
+            }
+            for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+                if name in os.environ:
+                    env[name] = os.environ[name]
+            envs[worker.local_rank] = env
+        return envs
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        spec = worker_group.spec
+        if worker_group.store is None:
+            raise RuntimeError("the worker group has no store: rendezvous did not complete")
+        self._attempt += 1
+        self._stop_reason = None
+        envs = self._worker_envs(worker_group)
+        prefixes: dict[int, str] | None = None
+        if self._log_line_prefix_template:
+            prefixes = {
+                w.local_rank: Template(self._log_line_prefix_template).safe_substitute(
+                    role_name=spec.role, rank=w.global_rank, local_rank=w.local_rank
+                )
+                for w in worker_group.workers
+            }
+        self._setup_local_watchdog(envs=envs)
+        self._setup_healthcheck()
+        if self._pool is not None:
+            self._pcontext = PooledSubprocessContext(
+                name=spec.role,
+                pool=self._pool,
+                command=self.command,
+                envs=envs,
+                logs_specs=self._logs_specs,
+                log_line_prefixes=prefixes,
+                before_close=self._before_stop,
+            )
+        else:
+            cmd = self.command
+            if cmd.executable:
+                entrypoint, argv = cmd.target, tuple(cmd.args)
+            else:
+                entrypoint = self.config.python
+                argv = ("-u", *(["-m"] if cmd.module else []), *cmd.argv())
+            self._pcontext = HookedSubprocessContext(
+                name=spec.role,
+                entrypoint=entrypoint,
+                args={rank: argv for rank in envs},
+                envs=envs,
+                logs_specs=self._logs_specs,
+                log_line_prefixes=prefixes,
+                before_close=self._before_stop,
+            )
+        self._pcontext.start()
+        pids = self._pcontext.pids()
+        self._hang.reset(pids, {rank: env[ENV_PROGRESS_FILE] for rank, env in envs.items()})
+        return pids
+
+    def _before_stop(self) -> None:
+        """Runs the stop hooks once per worker group, before any of its workers is signalled."""
+        reason = self._stop_reason or "the worker group ended (a worker exited)"
+        for hook in list(self.on_stop):
+            try:
+                hook(reason)
+            except Exception:
+                log.exception("stop hook %r failed", hook)
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._pool is not None:
+            self._pool.maybe_refill()
+        result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.HEALTHY:
+            reason = self._hang.check()
+            if reason is not None:
+                self._stop_reason = f"hang: {reason}"
+                self.reporter.event(
+                    "hang",
+                    reason,
+                    group_rank=worker_group.group_rank,
+                    restart_count=worker_group.spec.max_restarts - self._remaining_restarts,
+                    last_steps=self._hang.last_steps(),
+                )
+                result = RunResult(state=WorkerState.UNHEALTHY)
+        elif result.state == WorkerState.FAILED:
+            ranks = sorted(result.failures)
+            codes = [result.failures[r].exitcode for r in ranks]
+            self.reporter.event(
+                "worker_failure",
+                f"worker(s) with global rank {ranks} failed with exit code(s) {codes}",
+                group_rank=worker_group.group_rank,
+            )
+        self._last_state = result.state
+        return result
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        previous_nodes = worker_group.group_world_size
+        cause = self._last_state
+        if cause == WorkerState.HEALTHY:
+            self._stop_reason = "membership change: new nodes are waiting to join"
+        super()._restart_workers(worker_group)
+        now = worker_group.group_world_size
+        if cause == WorkerState.FAILED and previous_nodes and now < previous_nodes:
+            # The failure came with the loss of a node: a membership change, not a fault here.
+            self._remaining_restarts += 1
+            self.reporter.event(
+                "membership",
+                f"continuing with {now} of {previous_nodes} nodes; the restart after losing "
+                "a node does not count against --max-restarts",
+                group_rank=worker_group.group_rank,
+            )
+        elif cause == WorkerState.HEALTHY:
+            self.reporter.event(
+                "membership",
+                f"re-rendezvous for new nodes: now {now} nodes (was {previous_nodes})",
+                group_rank=worker_group.group_rank,
+            )
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = f"the agent is shutting down ({death_sig.name} to the workers)"
+        super()._shutdown(death_sig, timeout)
+
+    def close(self) -> None:
+        """Retire spare workers and remove the agent's scratch files."""
+        if self._pool is not None:
+            self._pool.close()
+        shutil.rmtree(self._work_dir, ignore_errors=True)

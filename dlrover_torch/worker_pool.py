@@ -1,0 +1,202 @@
+"""Spare worker processes started ahead with torch imported, and a process context that uses them.
+
+A fresh Python process spends most of a second importing torch; a restarted worker group that
+takes a spare skips that, so the launcher's share of a recovery is rendezvous plus a pipe write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SubprocessContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn")
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """What one worker runs: a script path or a module name, and its arguments."""
+
+    target: str
+    args: tuple[str, ...]
+    module: bool = False
+    executable: bool = False  # --no-python: target is a program, not a Python script
+
+    def argv(self) -> list[str]:
+        """sys.argv as the script sees it (torchrun runs ``python -u [-m] target args``)."""
+        return [self.target, *self.args]
+
+
+class SparePool:
+    """Keeps up to ``size`` idle Python processes that already imported torch."""
+
+    def __init__(
+        self,
+        size: int,
+        python: str = sys.executable,
+        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        refill_delay_seconds: float = 2.0,
+    ) -> None:
+        self.size = size
+        self._python = python
+        self._preload = preload
+        self._refill_delay = refill_delay_seconds
+        self._idle: list[subprocess.Popen] = []
+        self._refill_at: float | None = time.monotonic()
+        self.cold_starts = 0
+
+    def _spawn(self) -> subprocess.Popen:
+        """One new spare in its own session, so a stop can signal its whole process group."""
+        return subprocess.Popen(
+            [self._python, "-u", "-m", "dlrover_torch.spare_worker", ",".join(self._preload)],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
+
+    def _prune(self) -> None:
+        """Forget spares that died while idle (e.g. an import error)."""
+        alive = []
+        for p in self._idle:
+            if p.poll() is None:
+                alive.append(p)
+            else:
+                log.warning("spare worker %s exited while idle (code %s)", p.pid, p.returncode)
+        self._idle = alive
+
+    def fill(self) -> None:
+        """Start spares until ``size`` are idle."""
+        self._prune()
+        while len(self._idle) < self.size:
+            self._idle.append(self._spawn())
+        self._refill_at = None
+
+    def schedule_refill(self) -> None:
+        """Refill after a delay, so new spares do not compete with a group that is starting."""
+        self._refill_at = time.monotonic() + self._refill_delay
+
+    def maybe_refill(self) -> None:
+        """Called from the agent's monitor loop: refill once the delay has passed."""
+        if self._refill_at is not None and time.monotonic() >= self._refill_at:
+            self.fill()
+
+    def take(self) -> subprocess.Popen:
+        """An idle spare (oldest first, most likely done importing), or a cold one if none."""
+        self._prune()
+        if self._idle:
+            return self._idle.pop(0)
+        self.cold_starts += 1
+        return self._spawn()
+
+    def close(self) -> None:
+        """Retire every idle spare: EOF on stdin, then SIGKILL whatever is left."""
+        for p in self._idle:
+            try:
+                if p.stdin:
+                    p.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2.0
+        for p in self._idle:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(p.pid, signal.SIGKILL)
+                p.wait()
+        self._idle = []
+        self._refill_at = None
+
+
+def _kill_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class _PooledHandler:
+    """A worker running in a former spare; the shape SubprocessContext expects of a handler."""
+
+    def __init__(self, proc: subprocess.Popen, local_rank: int) -> None:
+        self.proc = proc
+        self.local_rank_id = local_rank
+
+    def close(self, death_sig: signal.Signals | None = None) -> None:
+        _kill_group(self.proc.pid, death_sig or signal.SIGTERM)
+
+
+class HookedSubprocessContext(SubprocessContext):
+    """torch's subprocess context with a callback run once before its workers are stopped."""
+
+    def __init__(self, *args: Any, before_close: Callable[[], None] | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.before_close = before_close
+
+    def close(self, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
+        hook, self.before_close = self.before_close, None
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                log.exception("a before-stop hook failed; stopping the workers anyway")
+        super().close(death_sig, timeout)
+
+
+class PooledSubprocessContext(HookedSubprocessContext):
+    """The subprocess context, except that workers are handed to pre-started spares."""
+
+    def __init__(
+        self,
+        name: str,
+        pool: SparePool,
+        command: WorkerCommand,
+        envs: dict[int, dict[str, str]],
+        logs_specs: LogsSpecs,
+        log_line_prefixes: dict[int, str] | None = None,
+        before_close: Callable[[], None] | None = None,
+    ) -> None:
+        args = {rank: tuple(command.argv()) for rank in envs}
+        super().__init__(
+            name=name,
+            entrypoint=sys.executable,
+            args=args,
+            envs=envs,
+            logs_specs=logs_specs,
+            log_line_prefixes=log_line_prefixes,
+            before_close=before_close,
+        )
+        self._pool = pool
+        self._command = command
+
+    def _start(self) -> None:
+        for local_rank in range(self.nprocs):
+            proc = self._pool.take()
+            env = dict(os.environ)
+            env.update(self.envs[local_rank])
+            job = {
+                "env": env,
+                "argv": self._command.argv(),
+                "module": self._command.module,
+                "cwd": os.getcwd(),
+                "stdout": self.stdouts.get(local_rank) or None,
+                "stderr": self.stderrs.get(local_rank) or None,
+            }
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(job).encode() + b"\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                log.warning("spare %s died before its job was sent; it counts as failed", proc.pid)
+            self.subprocess_handlers[local_rank] = _PooledHandler(proc, local_rank)
+        self._pool.schedule_refill()
