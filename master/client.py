@@ -16,7 +16,17 @@ from typing import TypeVar
 
 import grpc
 
-from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+from master.pb import (
+    cluster_pb2,
+    common_pb2,
+    data_pb2,
+    kv_pb2,
+    kv_pb2_grpc,
+    master_pb2_grpc,
+    nodes_pb2,
+    rendezvous_pb2,
+    rendezvous_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -435,3 +445,147 @@ class HeartbeatThread(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+
+
+# -- torch rendezvous and KV store (Rendezvous and KVStore services) ------------------------------
+# Built on a MasterClient: they share its channel, token metadata, node identity, retries on
+# UNAVAILABLE and error translation (FAILED_PRECONDITION -> StaleNodeError).
+
+# Longest single blocking call; longer waits are split so no call outlives a lost connection.
+MAX_WAIT_CHUNK_MS = 10_000
+
+
+class RendezvousClient:
+    """Calls of the Rendezvous service on behalf of the MasterClient's node."""
+
+    def __init__(self, master: MasterClient) -> None:
+        if master.node is None:
+            raise MasterError(
+                "the rendezvous needs a node identity: build the MasterClient with a "
+                f"NodeIdentity (or set {ENV_NODE_TYPE}, {ENV_NODE_RANK} and {ENV_NODE_ID})"
+            )
+        self.master = master
+        self._stub = rendezvous_pb2_grpc.RendezvousStub(master._channel)
+
+    @property
+    def node(self) -> NodeIdentity:
+        return self.master.node
+
+    def join(
+        self,
+        run_id: str,
+        config: rendezvous_pb2.RendezvousConfig,
+        rank_hint: int,
+        local_world_size: int,
+        host: str,
+    ) -> rendezvous_pb2.JoinRoundReply:
+        """Join the round being formed; the reply names the round to wait for."""
+        req = rendezvous_pb2.JoinRoundRequest(
+            node=self.master._node_pb(),
+            run_id=run_id,
+            config=config,
+            rank_hint=rank_hint,
+            local_world_size=local_world_size,
+            host=host,
+        )
+        return self.master._call(self._stub.Join, req)
+
+    def wait_round(self, run_id: str, round_number: int, wait_ms: int) -> rendezvous_pb2.RoundReply:
+        """Block up to wait_ms (one call) until the round closes; PENDING if it has not."""
+        req = rendezvous_pb2.WaitRoundRequest(
+            node=self.master._node_pb(), run_id=run_id, round=round_number, wait_ms=wait_ms
+        )
+        return self.master._call(
+            self._stub.WaitRound, req, timeout=self.master.call_timeout + wait_ms / 1000
+        )
+
+    def watch(
+        self, run_id: str, round_number: int, known_waiting: int, wait_ms: int
+    ) -> rendezvous_pb2.WatchReply:
+        """Block up to wait_ms until the view (waiting, closed) changes; renews the lease."""
+        req = rendezvous_pb2.WatchRequest(
+            node=self.master._node_pb(),
+            run_id=run_id,
+            round=round_number,
+            known_waiting=known_waiting,
+            wait_ms=wait_ms,
+        )
+        return self.master._call(
+            self._stub.Watch, req, timeout=self.master.call_timeout + wait_ms / 1000
+        )
+
+    def leave(self, run_id: str) -> None:
+        req = rendezvous_pb2.LeaveRequest(node=self.master._node_pb(), run_id=run_id)
+        self.master._call(self._stub.Leave, req)
+
+    def set_closed(self, run_id: str) -> None:
+        req = rendezvous_pb2.SetClosedRequest(node=self.master._node_pb(), run_id=run_id)
+        self.master._call(self._stub.SetClosed, req)
+
+
+class KVClient:
+    """Calls of the KVStore service; get and wait block up to a timeout in seconds."""
+
+    def __init__(self, master: MasterClient) -> None:
+        self.master = master
+        self._stub = kv_pb2_grpc.KVStoreStub(master._channel)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        req = kv_pb2.KVSetRequest(node=self.master._node_pb(), key=key, value=value)
+        self.master._call(self._stub.Set, req)
+
+    def get(self, key: bytes, timeout: float) -> bytes | None:
+        """The value of key, waiting up to timeout seconds for it; None if it never came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            wait_ms = _chunk_ms(deadline)
+            req = kv_pb2.KVGetRequest(node=self.master._node_pb(), key=key, wait_ms=wait_ms)
+            reply = self.master._call(
+                self._stub.Get, req, timeout=self.master.call_timeout + wait_ms / 1000
+            )
+            if reply.found:
+                return reply.value
+            if time.monotonic() >= deadline:
+                return None
+
+    def add(self, key: bytes, amount: int) -> int:
+        req = kv_pb2.KVAddRequest(node=self.master._node_pb(), key=key, amount=amount)
+        return self.master._call(self._stub.Add, req).value
+
+    def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        req = kv_pb2.KVCompareSetRequest(
+            node=self.master._node_pb(), key=key, expected=expected, desired=desired
+        )
+        return self.master._call(self._stub.CompareSet, req).value
+
+    def wait(self, keys: Iterable[bytes], timeout: float) -> bool:
+        """Wait up to timeout seconds until every key exists; whether they all do."""
+        keys = list(keys)
+        deadline = time.monotonic() + timeout
+        while True:
+            wait_ms = _chunk_ms(deadline)
+            req = kv_pb2.KVWaitRequest(node=self.master._node_pb(), keys=keys, wait_ms=wait_ms)
+            reply = self.master._call(
+                self._stub.Wait, req, timeout=self.master.call_timeout + wait_ms / 1000
+            )
+            if reply.value:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def check(self, keys: Iterable[bytes]) -> bool:
+        req = kv_pb2.KVKeysRequest(node=self.master._node_pb(), keys=list(keys))
+        return self.master._call(self._stub.Check, req).value
+
+    def delete_key(self, key: bytes) -> bool:
+        req = kv_pb2.KVKeyRequest(node=self.master._node_pb(), key=key)
+        return self.master._call(self._stub.DeleteKey, req).value
+
+    def num_keys(self) -> int:
+        req = kv_pb2.KVNumKeysRequest(node=self.master._node_pb())
+        return self.master._call(self._stub.NumKeys, req).count
+
+
+def _chunk_ms(deadline: float) -> int:
+    """The wait of the next blocking call: what is left until deadline, at most one chunk."""
+    return max(0, min(MAX_WAIT_CHUNK_MS, int((deadline - time.monotonic()) * 1000)))

@@ -25,6 +25,7 @@ from master.client import (
 )
 from master.config import NODE_TYPES, JobSpec
 from master.faults import Fault, due
+from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node, NodeState
 from master.nodes.policy import (
@@ -36,6 +37,7 @@ from master.nodes.policy import (
     training_finished,
 )
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
 from master.sharding.streams import StreamRegistry
 from master.state.api import StateStore
@@ -112,6 +114,8 @@ class JobMaster:
         self.sharding = ShardingService(store)
         self.progress_streams = StreamRegistry()
         self.checkpoints = CheckpointRegistry(store)
+        self.rendezvous = RendezvousService(store)  # torch rendezvous rounds
+        self.kv = KVStore(store)  # behind the torch Store of the agents
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0

@@ -326,6 +326,15 @@ def start_server(
         ],
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
+    # Imported here to keep this change inside start_server (server.py has other owners).
+    from master.kv.servicer import add_kv_service
+    from master.rendezvous.servicer import add_rendezvous_service
+
+    def node_check(ref: common_pb2.NodeRef) -> None:
+        job.nodes.check(ref.type, ref.rank, ref.id)
+
+    add_rendezvous_service(server, job.rendezvous, node_check)
+    add_kv_service(server, job.kv, node_check)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}; choose another --port")
