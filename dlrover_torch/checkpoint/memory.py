@@ -1,0 +1,278 @@
+"""One rank's memory checkpoints: a few shm slots, written by copy and read back exactly."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dlrover_torch.checkpoint import shm
+from dlrover_torch.checkpoint.errors import CheckpointError
+from dlrover_torch.checkpoint.layout import Layout, decode_meta, rebuild, tensor_view
+
+log = logging.getLogger(__name__)
+
+DATA_SLACK_BYTES = 1 << 20  # room for small growth (e.g. a longer string) without remapping
+MIN_META_BYTES = 1 << 20
+
+
+def alloc_host_buffer(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor on fresh anonymous memory backed by huge pages where the kernel allows.
+
+    First-touch page faults dominate copying into fresh memory (about 1.5 GiB/s here with 4 KiB
+    pages); transparent huge pages cut them 512-fold, so restores run near memcpy speed.
+    """
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            log.debug("MADV_HUGEPAGE refused; using normal pages")
+    return torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the mapping alive
+
+
+@dataclass
+class MemoryCopy:
+    """A committed memory checkpoint of this rank."""
+
+    index: int
+    header: shm.SlotHeader
+    doc: dict[str, Any]
+    layout: Layout
+
+
+class _Slot:
+    """A mapped slot plus a torch view of its data region."""
+
+    def __init__(self, file: shm.SlotFile) -> None:
+        self.file = file
+        self.full = torch.frombuffer(file.mm, dtype=torch.uint8)
+        self.pinned = False
+
+    @property
+    def data_capacity(self) -> int:
+        header = self.file.header()
+        return (header.meta_off - shm.HEADER_BYTES) if header and header.meta_off else 0
+
+    def region(self, data_cap: int) -> torch.Tensor:
+        return self.full[shm.HEADER_BYTES : shm.HEADER_BYTES + data_cap]
+
+    def close(self) -> None:
+        if self.pinned:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self.full.data_ptr())
+            except Exception:  # pragma: no cover - GPU only
+                log.debug("cudaHostUnregister failed", exc_info=True)
+        del self.full
+        self.file.close()
+
+
+class MemoryStore:
+    """The shm slots of one rank under ``namespace``; slots are reused across saves."""
+
+    def __init__(self, namespace: str, rank: int, world: int, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"memory_slots={slots}: need at least 1 (2 lets persists overlap)")
+        self.namespace = namespace
+        self.rank = rank
+        self.world = world
+        self.paths = [shm.slot_path(namespace, rank, i) for i in range(slots)]
+        self._slots: list[_Slot | None] = [None] * slots
+        self._data_cap = 0
+        self._meta_cap = 0
+        self.seq = 0
+        self.latest_index: int | None = None
+
+    # ---- attach / allocate -------------------------------------------------------------
+    def attach_existing(self) -> None:
+        """Map slot files left by a previous incarnation of this rank (a restart)."""
+        for i, path in enumerate(self.paths):
+            if self._slots[i] is None:
+                file = shm.SlotFile.open(path, writable=True)
+                if file is not None:
+                    self._slots[i] = _Slot(file)
+                    header = file.header()
+                    if header is not None:
+                        self.seq = max(self.seq, header.seq)
+                        self._data_cap = max(self._data_cap, header.meta_off - shm.HEADER_BYTES)
+
+    def bytes_needed(self, data_bytes: int, meta_bytes: int) -> int:
+        """Shared memory the slots need in total for a state of this size."""
+        data_cap, meta_cap = self._caps(data_bytes, meta_bytes)
+        return len(self.paths) * (shm.HEADER_BYTES + data_cap + meta_cap)
+
+    def _caps(self, data_bytes: int, meta_bytes: int) -> tuple[int, int]:
+        data_cap = shm.page_align(data_bytes + DATA_SLACK_BYTES)
+        meta_cap = max(MIN_META_BYTES, shm.page_align(2 * meta_bytes))
+        return data_cap, meta_cap
+
+    def ensure_needed(self, data_bytes: int, meta_bytes: int) -> bool:
+        """True when the slots must be mapped or grown before a save of this size."""
+        fits = data_bytes <= self._data_cap and meta_bytes <= self._meta_cap
+        return not (fits and all(self._slots))
+
+    def reserved_bytes(self) -> int:
+        """Bytes this rank's slot files already hold in /dev/shm."""
+        total = 0
+        for path in self.paths:
+            try:
+                total += os.stat(path).st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def ensure(self, data_bytes: int, meta_bytes: int) -> bool:
+        """Make every slot big enough (reserving and pre-touching pages); True if it grew."""
+        if not self.ensure_needed(data_bytes, meta_bytes):
+            return False
+        self.attach_existing()
+        data_cap, meta_cap = self._caps(data_bytes, meta_bytes)
+        data_cap = max(data_cap, self._data_cap)
+        grew = False
+        started = time.monotonic()
+        for i, path in enumerate(self.paths):
+            slot = self._slots[i]
+            size = shm.HEADER_BYTES + data_cap + meta_cap
+            if slot is not None and slot.file.size >= size and slot.data_capacity >= data_bytes:
+                continue
+            if slot is not None:
+                slot.close()
+                self._slots[i] = None
+            self._slots[i] = _Slot(shm.SlotFile.create(path, size))
+            grew = True
+        self._data_cap, self._meta_cap = data_cap, meta_cap
+        if grew:
+            log.info(
+                "reserved %d shm slot(s) of %s for rank %d in %.3f s",
+                len(self.paths),
+                shm.fmt_bytes(shm.HEADER_BYTES + data_cap + meta_cap),
+                self.rank,
+                time.monotonic() - started,
+            )
+        return grew
+
+    # ---- write -------------------------------------------------------------------------
+    def acquire(self, avoid: Iterable[int]) -> int | None:
+        """Lock a slot for writing; never the latest committed one if another is free."""
+        avoid = set(avoid)
+        order = [i for i in range(len(self.paths)) if i not in avoid and i != self.latest_index]
+        if self.latest_index is not None and self.latest_index not in avoid:
+            order.append(self.latest_index)
+        for i in order:
+            slot = self._slots[i]
+            if slot is not None and slot.file.try_lock(exclusive=True):
+                return i
+        return None
+
+    def write(
+        self, index: int, layout: Layout, tensors: list[torch.Tensor], meta: bytes, step: int
+    ) -> int:
+        """Copy ``tensors`` into locked slot ``index`` and commit it; return the save's seq."""
+        slot = self._slots[index]
+        assert slot is not None
+        try:
+            slot.file.begin_write()
+            region = slot.region(self._data_cap)
+            cuda = any(t.is_cuda for t in tensors)
+            if cuda:
+                self._pin(slot)
+            with torch.no_grad():
+                for ext, tensor in zip(layout.extents, tensors, strict=True):
+                    if ext.nbytes:
+                        tensor_view(region, ext).copy_(tensor.detach(), non_blocking=cuda)
+            if cuda:
+                # Device-to-host copies were queued on the current stream into pinned shm;
+                # later kernels on that stream run after them. Wait for them before committing.
+                torch.cuda.current_stream().synchronize()
+            self.seq += 1
+            header = shm.SlotHeader(
+                shm.STATE_COMMITTED,
+                self.seq,
+                step,
+                layout.data_bytes,
+                shm.HEADER_BYTES + self._data_cap,
+                0,
+                0,
+                self.rank,
+                self.world,
+                time.time_ns(),
+            )
+            slot.file.commit(header, meta)
+            self.latest_index = index
+            return self.seq
+        finally:
+            slot.file.unlock()
+
+    def _pin(self, slot: _Slot) -> None:
+        """Register the slot as pinned host memory so device-to-host copies run async."""
+        if slot.pinned or not torch.cuda.is_available():
+            return
+        err = torch.cuda.cudart().cudaHostRegister(slot.full.data_ptr(), slot.full.numel(), 0)
+        slot.pinned = int(err) == 0
+        if not slot.pinned:
+            log.warning("cudaHostRegister of %s failed (%s); copies stay synchronous", slot, err)
+
+    # ---- read --------------------------------------------------------------------------
+    def latest(self) -> MemoryCopy | None:
+        """The newest committed memory checkpoint saved by this rank in a world of this size."""
+        self.attach_existing()
+        best: MemoryCopy | None = None
+        for i, slot in enumerate(self._slots):
+            if slot is None or not slot.file.lock(exclusive=False, timeout=5.0):
+                continue
+            try:
+                header = slot.file.header()
+                if (
+                    header is None
+                    or header.state != shm.STATE_COMMITTED
+                    or header.rank != self.rank
+                    or header.world != self.world
+                    or (best is not None and header.seq <= best.header.seq)
+                ):
+                    continue
+                try:
+                    layout, doc = decode_meta(slot.file.meta(header))
+                except CheckpointError as exc:
+                    log.error("memory checkpoint in %s is unreadable: %s", slot.file.path, exc)
+                    continue
+                best = MemoryCopy(i, header, doc, layout)
+            finally:
+                slot.file.unlock()
+        if best is not None:
+            self.latest_index = best.index
+        return best
+
+    def read(self, copy: MemoryCopy) -> Any:
+        """Copy a memory checkpoint out of shm and rebuild its state dict."""
+        slot = self._slots[copy.index]
+        assert slot is not None
+        if not slot.file.lock(exclusive=False, timeout=30.0):
+            raise CheckpointError(f"{slot.file.path}: still locked by a writer after 30 s")
+        try:
+            header = slot.file.header()
+            if header is None or header.seq != copy.header.seq:
+                raise CheckpointError(f"{slot.file.path}: overwritten while loading; load again")
+            buf = alloc_host_buffer(copy.layout.data_bytes)
+            start = shm.HEADER_BYTES
+            buf.copy_(slot.full[start : start + copy.layout.data_bytes])
+        finally:
+            slot.file.unlock()
+        return rebuild(copy.layout, lambda _i, ext: tensor_view(buf, ext))
+
+    def close(self, unlink: bool) -> None:
+        """Unmap the slots; ``unlink`` also removes the files (the memory copy is gone)."""
+        for i, slot in enumerate(self._slots):
+            if slot is not None:
+                slot.close()
+                self._slots[i] = None
+        if unlink:
+            for path in self.paths:
+                shm.unlink_quietly(path)
