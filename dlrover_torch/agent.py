@@ -11,9 +11,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from string import Template
 from typing import Any
 
+from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import (
     RunResult,
     WorkerGroup,
@@ -54,6 +56,7 @@ class AgentConfig:
     spare_refill_delay_seconds: float = 2.0
     preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
     python: str = sys.executable
+    host_worker_store: bool = True
 
 
 class NodeCheck:
@@ -107,6 +110,8 @@ class DLRoverElasticAgent(LocalElasticAgent):
         self._stop_reason: str | None = None
         self._last_state: WorkerState | None = None
         self._attempt = 0
+        self._spares_ready = 0
+        self._worker_store: TCPStore | None = None
 
     # -- public -----------------------------------------------------------
 
@@ -127,6 +132,20 @@ class DLRoverElasticAgent(LocalElasticAgent):
 
     # -- template-method overrides ----------------------------------------
 
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        self._worker_store = None  # the previous round's store server goes away here
+        if self._hosts_worker_store(worker_group) and worker_group.group_rank == 0:
+            # A fresh store per round, listening before any worker starts: workers never wait
+            # on connect retries, and never see a store or port of the group they replace.
+            self._worker_store = TCPStore(
+                host_name=str(worker_group.master_addr),
+                port=int(worker_group.master_port),
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=300),
+            )
+
     def _initialize_workers(self, worker_group: WorkerGroup) -> None:
         if self._node_check is not None:
             check, self._node_check = self._node_check, None
@@ -136,6 +155,10 @@ class DLRoverElasticAgent(LocalElasticAgent):
                     "above. Drop --exclude-straggler to keep stragglers in the job."
                 )
         super()._initialize_workers(worker_group)
+
+    def _hosts_worker_store(self, worker_group: WorkerGroup) -> bool:
+        """Whether the rank-0 agent serves the workers' store (a fresh one every round)."""
+        return self.config.host_worker_store and not worker_group.spec.rdzv_handler.use_agent_store
 
     def _worker_envs(self, worker_group: WorkerGroup) -> dict[int, dict[str, str]]:
         """The variables each worker gets: torchrun's set plus the step-report file."""
@@ -160,7 +183,9 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 "TORCHELASTIC_RESTART_COUNT": str(restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
                 "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
-                "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
+                "TORCHELASTIC_USE_AGENT_STORE": str(
+                    spec.rdzv_handler.use_agent_store or self._hosts_worker_store(worker_group)
+                ),
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
                     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
                 ),
@@ -232,6 +257,10 @@ class DLRoverElasticAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._pool is not None:
             self._pool.maybe_refill()
+            ready = self._pool.ready_count()
+            if ready != self._spares_ready:
+                self._spares_ready = ready
+                log.info("%d spare worker(s) ready", ready)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:
             reason = self._hang.check()
@@ -286,6 +315,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
 
     def close(self) -> None:
         """Retire spare workers and remove the agent's scratch files."""
+        self._worker_store = None
         if self._pool is not None:
             self._pool.close()
         shutil.rmtree(self._work_dir, ignore_errors=True)

@@ -16,7 +16,7 @@ NODE_CHECK_PREFIX = "dlrover/node_check"
 class KVSetter(Protocol):
     """The part of the master's KV client the reporter needs."""
 
-    def set(self, key: str, value: bytes) -> Any: ...
+    def set(self, key: bytes, value: bytes) -> Any: ...
 
 
 class AgentReporter:
@@ -33,7 +33,7 @@ class AgentReporter:
         if self._kv is None:
             return
         try:
-            self._kv.set(key, json.dumps(payload, sort_keys=True).encode())
+            self._kv.set(key.encode(), json.dumps(payload, sort_keys=True).encode())
         except Exception as e:  # the master being away must not stop training
             log.warning("could not report %s to the master: %s", key, e)
 

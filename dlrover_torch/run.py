@@ -68,15 +68,9 @@ def _master_rendezvous(
 ) -> Rendezvous:
     """The dlrover master's rendezvous and KV store; starts a local master when none is given."""
     from dlrover_torch.rendezvous import MasterRendezvousHandler
-    from master.client import (
-        ENV_JOB_TOKEN,
-        KVClient,
-        MasterClient,
-        RendezvousClient,
-        read_token,
-    )
+    from master.client import KVClient, MasterClient, RendezvousClient, read_token
 
-    addr, token = cfg.master_addr, ""
+    addr, local_addr = cfg.master_addr, cfg.local_addr
     if addr:
         token = read_token(env)
     else:
@@ -84,14 +78,13 @@ def _master_rendezvous(
 
         server, port, token = start_standalone_master(host="127.0.0.1", port=0)
         resources.closers.append(lambda: server.stop(grace=None))
-        addr = f"127.0.0.1:{port}"
+        addr, local_addr = f"127.0.0.1:{port}", local_addr or "127.0.0.1"
         log.info("started a local dlrover master at %s", addr)
-    if not token and cfg.master_addr:
-        log.warning("no job token (%s / token file): the master may refuse calls", ENV_JOB_TOKEN)
-    identity = _node_identity(cfg, env)
-    client = MasterClient(addr, token, identity)
+    client = MasterClient(addr, token)
     resources.closers.append(client.close)
-    rdzv_client, kv = RendezvousClient(client), KVClient(client)
+    kv = KVClient(client)
+    client.node, node_rank = _node_identity(cfg, env, kv)
+    rdzv_client = RendezvousClient(client)
     conf = cfg.rdzv_configs
 
     def handler(run_id: str, min_nodes: int, last_call: float) -> RendezvousHandler:
@@ -99,18 +92,20 @@ def _master_rendezvous(
             rdzv_client,
             kv,
             run_id=run_id,
-            node_rank_hint=cfg.node_rank,
+            node_rank_hint=node_rank,
             local_world_size=cfg.nproc_per_node,
             min_nodes=min_nodes,
             max_nodes=cfg.max_nodes,
             node_unit=cfg.node_unit,
             last_call_seconds=last_call,
             join_timeout_seconds=float(conf.get("join_timeout", 600)),
+            lease_seconds=float(conf.get("lease_timeout", 10)),
+            local_addr=local_addr,
         )
 
     last_call = float(conf.get("last_call_timeout", 1.0))
     main_handler = handler(cfg.run_id, cfg.min_nodes, last_call)
-    reporter = AgentReporter(cfg.run_id, cfg.node_rank, kv)
+    reporter = AgentReporter(cfg.run_id, node_rank, kv)
     return Rendezvous(
         main_handler,
         reporter,
@@ -118,15 +113,20 @@ def _master_rendezvous(
     )
 
 
-def _node_identity(cfg: LaunchConfig, env: Mapping[str, str]) -> Any:
-    """This agent's identity: the master-given one under `dlrover submit`, else one of our own."""
+def _node_identity(cfg: LaunchConfig, env: Mapping[str, str], kv: Any) -> tuple[Any, int]:
+    """This agent's (identity, node rank): the master-given one under `dlrover submit`, else
+    --node-rank, else a rank the master hands out (so agents started by hand never collide)."""
     from master.client import ENV_NODE_ID, ENV_NODE_TYPE, NodeIdentity
 
     if env.get(ENV_NODE_TYPE):
-        return NodeIdentity(env[ENV_NODE_TYPE], cfg.node_rank, int(env.get(ENV_NODE_ID, "0")))
-    # Agents started by hand: the pid and host tell incarnations and machines apart.
+        rank = cfg.node_rank
+        return NodeIdentity(env[ENV_NODE_TYPE], rank, int(env.get(ENV_NODE_ID, "0"))), rank
+    if cfg.node_rank_given:
+        rank = cfg.node_rank
+    else:
+        rank = kv.add(f"dlrover/node_ranks/{cfg.run_id}".encode(), 1) - 1
     uid = (os.getpid() << 16) ^ (hash(socket.gethostname()) & 0xFFFF)
-    return NodeIdentity("worker", cfg.node_rank, uid)
+    return NodeIdentity("worker", rank, uid), rank
 
 
 def _rendezvous(cfg: LaunchConfig, env: Mapping[str, str], resources: _Resources) -> Rendezvous:

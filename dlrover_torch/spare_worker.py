@@ -1,6 +1,6 @@
 """A spare worker process: imports torch ahead of time, then runs one training script on demand.
 
-The agent starts it with ``python -u -m dlrover_torch.spare_worker MODULES`` and, when a worker
+The agent starts it with ``python -u -m dlrover_torch.spare_worker MODULES FD`` and, when a worker
 group starts, writes one JSON line to its stdin: the full environment, the argv, whether the entry
 is a module, and where stdout/stderr go. The process then becomes that worker: the script runs as
 ``__main__`` exactly as ``python -u script.py ARGS`` would run it, minus the torch import time.
@@ -74,6 +74,13 @@ def main() -> None:
                 importlib.import_module(name.strip())
             except ImportError:
                 pass
+    if len(sys.argv) > 2:  # the agent's ready pipe: one byte says the imports are done
+        fd = int(sys.argv[2])
+        try:
+            os.write(fd, b"1")
+        except OSError:  # the agent stopped listening (a cold start handed out at once)
+            pass
+        os.close(fd)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         sys.exit(0)

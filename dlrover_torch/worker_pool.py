@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -53,17 +54,57 @@ class SparePool:
         self._preload = preload
         self._refill_delay = refill_delay_seconds
         self._idle: list[subprocess.Popen] = []
+        self._ready_fds: dict[int, int] = {}  # pid -> read end of the spare's ready pipe
+        self._ready: set[int] = set()
         self._refill_at: float | None = time.monotonic()
         self.cold_starts = 0
 
     def _spawn(self) -> subprocess.Popen:
         """One new spare in its own session, so a stop can signal its whole process group."""
-        return subprocess.Popen(
-            [self._python, "-u", "-m", "dlrover_torch.spare_worker", ",".join(self._preload)],
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-            env=dict(os.environ),
-        )
+        r, w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [
+                    self._python,
+                    "-u",
+                    "-m",
+                    "dlrover_torch.spare_worker",
+                    ",".join(self._preload),
+                    str(w),
+                ],
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(w,),
+                env=dict(os.environ),
+            )
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self._ready_fds[proc.pid] = r
+        return proc
+
+    def _forget(self, proc: subprocess.Popen) -> None:
+        fd = self._ready_fds.pop(proc.pid, None)
+        if fd is not None:
+            os.close(fd)
+        self._ready.discard(proc.pid)
+
+    def _is_ready(self, proc: subprocess.Popen) -> bool:
+        """Whether the spare finished its imports (it writes one byte to its ready pipe)."""
+        if proc.pid in self._ready:
+            return True
+        fd = self._ready_fds.get(proc.pid)
+        if fd is not None and select.select([fd], [], [], 0)[0]:
+            self._ready.add(proc.pid)
+            return True
+        return False
+
+    def ready_count(self) -> int:
+        """Idle spares done importing."""
+        self._prune()
+        return sum(1 for p in self._idle if self._is_ready(p))
 
     def _prune(self) -> None:
         """Forget spares that died while idle (e.g. an import error)."""
@@ -72,6 +113,7 @@ class SparePool:
             if p.poll() is None:
                 alive.append(p)
             else:
+                self._forget(p)
                 log.warning("spare worker %s exited while idle (code %s)", p.pid, p.returncode)
         self._idle = alive
 
@@ -95,9 +137,42 @@ class SparePool:
         """An idle spare (oldest first, most likely done importing), or a cold one if none."""
         self._prune()
         if self._idle:
-            return self._idle.pop(0)
+            ready = [p for p in self._idle if self._is_ready(p)]
+            proc = ready[0] if ready else self._idle[0]
+            self._idle.remove(proc)
+            self._forget(proc)
+            return proc
         self.cold_starts += 1
-        return self._spawn()
+        proc = self._spawn()
+        self._forget(proc)
+        return proc
+
+    def run_job(
+        self,
+        target: str,
+        args: list[str],
+        env: dict[str, str],
+        module: bool = False,
+        stdout: str | None = None,
+        stderr: str | None = None,
+    ) -> subprocess.Popen:
+        """Hand one job to a spare: it becomes ``python -u [-m] target args`` with env."""
+        proc = self.take()
+        job = {
+            "env": env,
+            "argv": [target, *args],
+            "module": module,
+            "cwd": os.getcwd(),
+            "stdout": stdout,
+            "stderr": stderr,
+        }
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(job).encode() + b"\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            log.warning("spare %s died before its job was sent; it counts as failed", proc.pid)
+        return proc
 
     def close(self) -> None:
         """Retire every idle spare: EOF on stdin, then SIGKILL whatever is left."""
@@ -114,6 +189,7 @@ class SparePool:
             except subprocess.TimeoutExpired:
                 _kill_group(p.pid, signal.SIGKILL)
                 p.wait()
+            self._forget(p)
         self._idle = []
         self._refill_at = None
 
@@ -181,22 +257,15 @@ class PooledSubprocessContext(HookedSubprocessContext):
 
     def _start(self) -> None:
         for local_rank in range(self.nprocs):
-            proc = self._pool.take()
             env = dict(os.environ)
             env.update(self.envs[local_rank])
-            job = {
-                "env": env,
-                "argv": self._command.argv(),
-                "module": self._command.module,
-                "cwd": os.getcwd(),
-                "stdout": self.stdouts.get(local_rank) or None,
-                "stderr": self.stderrs.get(local_rank) or None,
-            }
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(json.dumps(job).encode() + b"\n")
-                proc.stdin.close()
-            except BrokenPipeError:
-                log.warning("spare %s died before its job was sent; it counts as failed", proc.pid)
+            proc = self._pool.run_job(
+                self._command.target,
+                list(self._command.args),
+                env,
+                module=self._command.module,
+                stdout=self.stdouts.get(local_rank) or None,
+                stderr=self.stderrs.get(local_rank) or None,
+            )
             self.subprocess_handlers[local_rank] = _PooledHandler(proc, local_rank)
         self._pool.schedule_refill()
