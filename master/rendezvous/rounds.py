@@ -224,7 +224,7 @@ class RoundStateMachine:
     def advance(self, now: float) -> Round | None:
         """Expire leases, then close the forming round if it may; returns a newly closed round."""
         for key, seen in list(self._seen.items()):
-            if now - seen > self.config.lease_seconds:
+            if now > seen + self.config.lease_seconds:
                 self._expire(key)
         return self._try_close(now)
 
@@ -280,7 +280,8 @@ class RoundStateMachine:
         if size == 0:
             return None
         full = len(self._joining) >= self.config.max_nodes
-        if not full and now - self._last_join < self.config.last_call_seconds:
+        # Same expression as next_deadline(), so waking at the deadline always closes.
+        if not full and now < self._last_join + self.config.last_call_seconds:
             return None
         admitted = sorted(self._joining.values(), key=lambda e: e.seq)[:size]
         members = tuple(
