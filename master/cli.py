@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
         )
         s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
         s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
+        s.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="port of /metrics and the dashboard (default: the job's metrics_port; 0: any)",
+        )
         s.add_argument("--run-dir", default="", help="logs, state and model dir of this run")
         s.add_argument("--summary-json", default="", help="write the job summary here at the end")
         s.add_argument(
@@ -60,7 +66,16 @@ def _parser() -> argparse.ArgumentParser:
                 "(default: dlrover-elastic:latest)",
             )
 
-    st = sub.add_parser("status", help="print the status of a running job")
+    st = sub.add_parser("status", help="print the status of a running job (--watch: live view)")
+    st.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=0.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until the job ends",
+    )
     sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
     sc.add_argument("target", metavar="TYPE=N", help="e.g. worker=3")
     sc.add_argument("--reason", default="", help="shown in the job's events")
@@ -88,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         spec = load_job_spec(args.job_yaml)
+        if args.metrics_port is not None:
+            spec = spec.with_overrides(metrics_port=args.metrics_port)
         faults = tuple(parse_fault(k) for k in args.kill)
         master_config = MasterConfig(host=args.host, port=args.port)
     except (SpecError, FaultSpecError, ValueError) as e:
@@ -177,19 +194,14 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from master.client import MasterError
+    from master.status_view import show_status
 
     try:
-        status = _admin_client(args).job_status()
+        client = _admin_client(args)
     except MasterError as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
-    print(f"job {status.name}: {status.status} {status.reason}".rstrip())
-    print(f"  global step {status.global_step}, {status.elapsed_seconds:.1f}s")
-    for d in status.datasets:
-        print(f"  dataset {d.name}: {d.records_done:,}/{d.size * d.epochs:,} records done")
-    for n in status.nodes:
-        print(f"  {n.type}-{n.rank} id {n.id}: {n.status} {n.exit_reason} {n.address}".rstrip())
-    return 0
+    return show_status(client, args.watch, sys.stdout)
 
 
 if __name__ == "__main__":

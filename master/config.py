@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 NODE_TYPES = ("ps", "chief", "worker", "evaluator")
+STRAGGLER_ACTIONS = ("report", "replace", "off")
 
 # Kubernetes DNS label (RFC 1123): the job name becomes part of pod and service names.
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -88,6 +89,12 @@ class JobSpec:
     # A chief or worker that holds shards but reports no step for this long is hung: it is
     # restarted and its shards re-queued. 0 turns hang detection off.
     hang_timeout_seconds: float = 300.0
+    # Workers whose steps take over twice their peers' median: "report" them (an event),
+    # "replace" them (killed and relaunched), or "off". Judged after straggler_min_steps steps.
+    stragglers: str = "report"
+    straggler_min_steps: int = 20
+    # Port of the master's HTTP endpoint (Prometheus /metrics and the dashboard); 0 = any free.
+    metrics_port: int = 0
     source: str = "<spec>"  # file it came from, for messages
 
     def __post_init__(self) -> None:
@@ -318,6 +325,22 @@ def _validate_job(spec: JobSpec) -> None:
         "hang_timeout_seconds",
         _as_seconds(spec.hang_timeout_seconds, src, "hang_timeout_seconds", zero_ok=True),
     )
+    if spec.stragglers not in STRAGGLER_ACTIONS:
+        raise _spec_error(
+            src,
+            "stragglers",
+            f"{spec.stragglers!r} is not a straggler action",
+            f"Use one of: {', '.join(STRAGGLER_ACTIONS)}",
+        )
+    setf(
+        "straggler_min_steps",
+        _as_int(spec.straggler_min_steps, src, "straggler_min_steps", minimum=1),
+    )
+    setf("metrics_port", _as_int(spec.metrics_port, src, "metrics_port", minimum=0))
+    if spec.metrics_port > 65535:
+        raise _spec_error(
+            src, "metrics_port", f"{spec.metrics_port} is out of range", "Use 0..65535 (0: any)"
+        )
 
     if spec.chief.replicas > 1:
         raise _spec_error(

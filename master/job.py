@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from master.checkpoints import CheckpointRegistry
 from master.client import (
@@ -24,14 +25,15 @@ from master.client import (
     ENV_NODE_TYPE,
 )
 from master.config import NODE_TYPES, JobSpec
+from master.diagnosis import Diagnosis, diagnose_exit, find_stragglers
+from master.events import EVENTS_FILE, EventLog, JobEvent
 from master.faults import Fault, due
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
-from master.nodes.model import ExitReason, Node, NodeState
+from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
 from master.nodes.policy import (
     Action,
     JobOutcome,
-    classify_exit,
     decide_on_exit,
     is_hung,
     training_finished,
@@ -52,7 +54,7 @@ LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
 MAX_REPLICAS = 1024
 JOB_TABLE = "job"
-EVENTS_FILE = "events.jsonl"
+STRAGGLER_CHECK_SECONDS = 5.0
 
 
 class JobState(str, enum.Enum):
@@ -77,21 +79,13 @@ class ScaleResult:
 
 
 @dataclass
-class JobEvent:
-    """A user-facing incident: relaunches, injected faults, the job's end."""
-
-    time: float
-    kind: str
-    message: str
-
-
-@dataclass
 class JobRuntime:
     """Where a job run keeps its files, and how nodes reach the master."""
 
     run_dir: str
     master_addr: str
     token_file: str
+    dashboard_url: str = ""  # the master's HTTP dashboard (/metrics beneath it), once serving
 
 
 class JobMaster:
@@ -119,8 +113,13 @@ class JobMaster:
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
-        self.events: list[JobEvent] = []
-        self._on_event = on_event
+        self.event_log = EventLog(
+            os.path.join(runtime.run_dir, EVENTS_FILE) if runtime.run_dir else ""
+        )
+        self.events: list[JobEvent] = self.event_log.events
+        if on_event:
+            self.event_log.add_listener(on_event)
+        self._stragglers_checked_at = 0.0
         self._faults = list(faults)
         self._job_relaunches = 0
         self._started = time.monotonic()
@@ -212,6 +211,7 @@ class JobMaster:
         self._apply_scale_requests()
         self._check_heartbeats()
         self._check_hangs()
+        self._check_stragglers()
         self._inject_faults()
         self._check_completion()
 
@@ -233,6 +233,13 @@ class JobMaster:
         )
         self.platform.launch(launch)
         self.nodes.mark_running(node.id, address, log_path)
+        self._emit(
+            "node_running",
+            f"{node.name} (id {node.id}) launched at {address}",
+            node,
+            relaunches=relaunches,
+            memory_mb=node.memory_mb,
+        )
         return node
 
     def _command(self, node_type: str) -> tuple[str, ...]:
@@ -292,29 +299,35 @@ class JobMaster:
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
         reported = node.extra.get("reported_exit")
-        if node.extra.get("heartbeat_lost"):
-            reason = ExitReason.HEARTBEAT_LOST
-        elif node.extra.get("hung"):
-            reason = ExitReason.HANG
-        else:
-            reason = classify_exit(
-                event.exit_code,
-                oom_killed=event.oom_killed,
-                stop_requested=node.stop_requested or self.state.ended,
-                reported=reported[0] if reported else None,
-            )
+        diagnosis = self._diagnose(node, event)
+        reason = diagnosis.reason
         message = reported[1] if reported and reported[1] else event.message
         node = self.nodes.mark_exited(event.id, event.exit_code, reason, message)
         if node is None:
             return
+        node.extra["diagnosis"] = diagnosis
         requeued = self.sharding.release_everywhere(node.id)
         if reason in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
+            self._emit(
+                "node_exited",
+                f"{node.name} (id {node.id}) {reason.value}",
+                node,
+                reason.value,
+                exit_code=event.exit_code,
+            )
         else:
             more = f"; {sum(requeued.values())} unconsumed records re-queued" if requeued else ""
             self._emit(
                 "node_failed",
                 f"{node.name} (id {node.id}) {reason.value}, exit code {event.exit_code}{more}",
+                node,
+                reason.value,
+                exit_code=event.exit_code,
+                diagnosis=diagnosis.summary,
+                excerpt=diagnosis.excerpt,
+                deterministic=diagnosis.deterministic,
+                records_requeued=sum(requeued.values()),
             )
         if node.type == "ps" and reason != ExitReason.STOPPED and self._training_done_at is None:
             self._rollback_data()
@@ -325,16 +338,88 @@ class JobMaster:
             job_relaunches_used=self._job_relaunches,
             job_relaunch_budget=self.spec.max_relaunches,
             job_ending=self._training_done_at is not None and node.type in ("ps", "evaluator"),
+            deterministic=diagnosis.deterministic,
         )
         if decision.action == Action.RELAUNCH:
             self._job_relaunches += 1
             new = self._launch(node.type, node.rank, node.relaunches + 1, decision.memory_mb)
-            self._emit("relaunch", f"{decision.reason}: {new.name} is now id {new.id}")
-        elif decision.action == Action.FAIL_JOB:
-            tail = _last_line(node.exit_message)
-            self._set_state(
-                JobState.FAILED, decision.reason + (f" (last log line: {tail})" if tail else "")
+            self._emit(
+                "relaunch",
+                f"{decision.reason}: {new.name} is now id {new.id}",
+                new,
+                reason.value,
+                previous_id=node.id,
+                memory_mb=new.memory_mb,
+                job_relaunches=self._job_relaunches,
             )
+        elif decision.action == Action.FAIL_JOB:
+            if diagnosis.deterministic and diagnosis.excerpt:
+                detail = f"\n{diagnosis.excerpt}"
+            else:
+                tail = _last_line(node.exit_message)
+                detail = f" (last log line: {tail})" if tail else ""
+            self._set_state(JobState.FAILED, decision.reason + detail)
+
+    def _diagnose(self, node: Node, event: NodeEvent) -> Diagnosis:
+        """Why a node ended: master-side verdicts first, else the rules in master.diagnosis."""
+        if node.extra.get("heartbeat_lost"):
+            return Diagnosis(ExitReason.HEARTBEAT_LOST, "no heartbeat")
+        if node.extra.get("hung"):
+            return Diagnosis(ExitReason.HANG, "no step while holding shards")
+        if node.extra.get("straggler_replaced"):
+            return Diagnosis(ExitReason.STRAGGLER, "replaced as a straggler")
+        reported = node.extra.get("reported_exit")
+        tail = "\n".join(t for t in (event.message, reported[1] if reported else "") if t)
+        return diagnose_exit(
+            event.exit_code,
+            tail,
+            oom_killed=event.oom_killed,
+            stop_requested=node.stop_requested or self.state.ended,
+            reported=reported[0] if reported else None,
+            # Only training nodes report steps; others are never taken as failing at start-up.
+            started=node.steps > 0 or node.type not in TRAINING_TYPES,
+            memory_limit_mb=node.memory_mb,
+            last_rss_bytes=node.memory_rss_bytes,
+        )
+
+    def _check_stragglers(self) -> None:
+        """Report (and with `stragglers: replace`, replace) workers far slower than peers."""
+        now = time.monotonic()
+        if (
+            self.spec.stragglers == "off"
+            or now - self._stragglers_checked_at < STRAGGLER_CHECK_SECONDS
+        ):
+            return
+        self._stragglers_checked_at = now
+        measured = {
+            n.id: n
+            for n in self.nodes.all_current()
+            if n.type in TRAINING_TYPES
+            and n.state == NodeState.RUNNING
+            and n.steps >= self.spec.straggler_min_steps
+        }
+        slow = find_stragglers({i: n.step_seconds for i, n in measured.items()})
+        for node_id, factor in slow.items():
+            node = measured[node_id]
+            if node.extra.get("straggler"):
+                continue
+            node.extra["straggler"] = True
+            replace = self.spec.stragglers == "replace"
+            self._emit(
+                "straggler",
+                f"{node.name} (id {node.id}) is a straggler: {node.step_seconds * 1000:.0f} ms "
+                f"per step, {factor:.1f}x its peers' median"
+                + ("; replacing it" if replace else ""),
+                node,
+                "straggler",
+                step_seconds=round(node.step_seconds, 4),
+                slowdown=round(factor, 2),
+                action="replace" if replace else "report",
+            )
+            if replace:
+                node.extra["straggler_replaced"] = True
+                if not self.platform.signal_node(node.id, signal.SIGKILL):
+                    self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
 
     def _rollback_data(self) -> None:
         """A PS lost its variables: the chief restores the latest checkpoint, so every
@@ -349,6 +434,10 @@ class JobMaster:
                 "rollback",
                 f"dataset {s.name}: back to the position of checkpoint step {step} "
                 f"({done[s.name] - s.records_done:,} records to train again)",
+                reason="ps_failed",
+                dataset=s.name,
+                checkpoint_step=step,
+                records_to_redo=done[s.name] - s.records_done,
             )
 
     def _check_heartbeats(self) -> None:
@@ -360,6 +449,9 @@ class JobMaster:
                 "heartbeat_lost",
                 f"{node.name} (id {node.id}) sent no heartbeat for "
                 f"{self.spec.heartbeat_timeout_seconds:g}s; killing it",
+                node,
+                "heartbeat_lost",
+                timeout_seconds=self.spec.heartbeat_timeout_seconds,
             )
             if not self.platform.signal_node(node.id, signal.SIGKILL):
                 self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
@@ -385,6 +477,11 @@ class JobMaster:
         self._emit(
             "scale",
             f"{node_type} {previous} -> {replicas}" + (f" ({reason})" if reason else ""),
+            reason=reason,
+            node_type=node_type,
+            previous=previous,
+            replicas=replicas,
+            cluster_version=self.cluster_version,
         )
         for rank in range(previous, replicas):
             node = self.nodes.current(node_type, rank)
@@ -412,6 +509,10 @@ class JobMaster:
                 "hang",
                 f"{node.name} (id {node.id}) holds shards but made no step for {timeout:g}s; "
                 "restarting it",
+                node,
+                "hang",
+                timeout_seconds=timeout,
+                steps=node.steps,
             )
             if not self.platform.signal_node(node.id, signal.SIGKILL):
                 self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
@@ -439,6 +540,10 @@ class JobMaster:
                 "fault",
                 f"fault injection: {fault.describe()} (id {node.id}, at global step "
                 f"{self.global_step})",
+                node,
+                "fault_injection",
+                signal=int(fault.signal),
+                global_step=self.global_step,
             )
             self.platform.signal_node(node.id, fault.signal)
 
@@ -496,24 +601,25 @@ class JobMaster:
                 "job_" + state.value, f"job {state.value}" + (f": {reason}" if reason else "")
             )
 
-    def _emit(self, kind: str, message: str) -> None:
-        event = JobEvent(time.time(), kind, message)
-        self.events.append(event)
+    def emit(
+        self, kind: str, message: str, node: Node | None = None, reason: str = "", **details: Any
+    ) -> JobEvent:
+        """Record a structured event (kept here, in <run dir>/events.jsonl, and shown live)."""
+        event = JobEvent(
+            time.time(),
+            kind,
+            message,
+            node_type=node.type if node else str(details.pop("node_type", "")),
+            node_rank=node.rank if node else -1,
+            node_id=node.id if node else 0,
+            reason=reason,
+            details=details,
+        )
         log.info("%s", message)
-        self._append_event_line(event)
-        if self._on_event:
-            self._on_event(event)
+        self.event_log.append(event)
+        return event
 
-    def _append_event_line(self, event: JobEvent) -> None:
-        """Keep every event in <run dir>/events.jsonl, one JSON object per line."""
-        if not self.runtime.run_dir:
-            return
-        line = json.dumps({"time": event.time, "kind": event.kind, "message": event.message})
-        try:
-            with open(os.path.join(self.runtime.run_dir, EVENTS_FILE), "a") as f:
-                f.write(line + "\n")
-        except OSError as e:
-            log.warning("cannot append to %s: %s", EVENTS_FILE, e)
+    _emit = emit
 
 
 def _last_line(text: str) -> str:

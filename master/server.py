@@ -8,7 +8,7 @@ import hmac
 import logging
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 
 import grpc
@@ -171,7 +171,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {request.wait_ms}")
         grant = self.job.sharding.get_shard(request.dataset, node.id, request.wait_ms / 1000)
         if grant.status == ShardStatus.SHARD:
-            self.job.nodes.note_progress(node)
+            self.job.nodes.note_progress(node, stepped=False)
             s = grant.shard
             return data_pb2.GetShardReply(
                 status=data_pb2.GetShardReply.SHARD,
@@ -296,6 +296,7 @@ def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
         reason=job.reason,
         global_step=job.global_step,
         elapsed_seconds=job.elapsed(),
+        dashboard_url=job.runtime.dashboard_url,
     )
     for n in job.nodes.history():
         status.nodes.add(
@@ -313,12 +314,21 @@ def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
 
 
 def start_server(
-    job: JobMaster, host: str, port: int, token: str, max_workers: int, heartbeat_interval_ms: int
+    job: JobMaster,
+    host: str,
+    port: int,
+    token: str,
+    max_workers: int,
+    heartbeat_interval_ms: int,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, int]:
-    """Start the Master service on host:port (0 picks a port); returns the server and its port."""
+    """Start the Master service on host:port (0 picks a port); returns the server and its port.
+
+    `interceptors` run before the token check (e.g. RPC timing, so refused calls count too).
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[TokenInterceptor(token)],
+        interceptors=[*interceptors, TokenInterceptor(token)],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -14,8 +14,11 @@ from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from master.config import JobSpec, MasterConfig
+from master.events import INCIDENT_KINDS, ROUTINE_KINDS
 from master.faults import Fault
 from master.job import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
+from master.nodes.model import Node
+from master.observability import Observability
 from master.platform.factory import create_platform
 from master.server import advertised_host, job_status_pb, start_server
 from master.state.sqlite import SQLiteStateStore
@@ -79,7 +82,9 @@ class ProgressPrinter:
         self._thread.join(timeout=2)
 
     def event(self, ev: JobEvent) -> None:
-        marker = "!!" if ev.kind in ("fault", "node_failed", "heartbeat_lost") else "=>"
+        if ev.kind in ROUTINE_KINDS:
+            return
+        marker = "!!" if ev.kind in INCIDENT_KINDS else "=>"
         self._print(f"{marker} [{self._elapsed():6.1f}s] {ev.message}")
 
     def _elapsed(self) -> float:
@@ -144,13 +149,23 @@ def build_summary(job: JobMaster) -> dict:
                 "status": n.state.value,
                 "exit_reason": n.exit_reason.value,
                 "relaunches": n.relaunches,
+                **_diagnosis_fields(n),
             }
             for n in job.nodes.history()
         ],
-        "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in job.events],
+        "events": [e.to_dict() for e in job.events],
         "run_dir": job.runtime.run_dir,
+        "dashboard_url": job.runtime.dashboard_url,
         "wall_seconds": round(job.wall_seconds, 3),
     }
+
+
+def _diagnosis_fields(node: Node) -> dict:
+    """A failed node's classified cause and the log excerpt showing it."""
+    diagnosis = node.extra.get("diagnosis")
+    if diagnosis is None or node.state.value != "failed":
+        return {}
+    return {"diagnosis": diagnosis.summary, "excerpt": diagnosis.excerpt}
 
 
 def print_summary(summary: dict, out: TextIO) -> None:
@@ -198,6 +213,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         faults=opts.faults,
         on_event=printer.event if printer else None,
     )
+    observability = Observability(job, cfg.host, spec.metrics_port)
     server, port = start_server(
         job,
         cfg.host,
@@ -205,8 +221,10 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg.job_token,
         cfg.max_workers,
         int(cfg.heartbeat_interval_seconds * 1000),
+        interceptors=observability.interceptors(),
     )
     runtime.master_addr = f"{advertised_host(cfg.host)}:{port}"
+    dashboard = observability.start(advertised_host(cfg.host))
     if not opts.quiet:
         out.write(
             f"== job {spec.name}: master at {runtime.master_addr}, run dir {run_dir}\n"
@@ -215,6 +233,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
                 f"{spec.group(t).replicas} {t}" for t in ("ps", "chief", "worker", "evaluator")
             )
             + "\n"
+            f"   dashboard {dashboard}  metrics {dashboard}metrics\n"
         )
         for fault in opts.faults:
             out.write(f"   fault injection planned: {fault.describe()}\n")
@@ -232,6 +251,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         if printer:
             printer.stop()
         server.stop(grace=1).wait()
+        observability.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
         summary = build_summary(job)

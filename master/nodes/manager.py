@@ -13,6 +13,8 @@ from master.pb import nodes_pb2
 from master.state.api import StateStore
 
 NODE_TABLE = "nodes"
+# Weight of the newest step interval in a node's moving-average step time.
+STEP_TIME_SMOOTHING = 0.1
 
 
 class StaleNodeError(Exception):
@@ -110,12 +112,27 @@ class NodeManager:
             node.last_heartbeat = time.monotonic()
             node.cpu_percent = stats.cpu_percent
             node.memory_rss_bytes = stats.memory_rss_bytes
+            node.extra["memory_limit_bytes"] = stats.memory_limit_bytes
+            node.extra["gpus"] = [
+                (g.index, g.utilization_percent, g.memory_used_bytes, g.memory_total_bytes)
+                for g in stats.gpus
+            ]
             node.global_step = max(node.global_step, global_step)
             return self._commands.pop(node.id, [])
 
-    def note_progress(self, node: Node) -> None:
-        """The node took a shard or finished a step (used by hang detection)."""
-        node.last_progress = time.monotonic()
+    def note_progress(self, node: Node, stepped: bool = True) -> None:
+        """The node took a shard or (`stepped`) finished a step: hang and straggler detection."""
+        now = time.monotonic()
+        node.last_progress = now
+        if not stepped:
+            return
+        with self._lock:
+            if node.steps:
+                gap = now - node.last_step_at
+                alpha = STEP_TIME_SMOOTHING if node.steps > 1 else 1.0
+                node.step_seconds += alpha * (gap - node.step_seconds)
+            node.steps += 1
+            node.last_step_at = now
 
     def queue_command(self, node_id: int, command: nodes_pb2.Command) -> None:
         with self._lock:

@@ -29,9 +29,11 @@ class ExitReason(str, enum.Enum):
     KILLED = "killed"
     USER_ERROR = "user_error"
     HARDWARE = "hardware"
+    COMM_ERROR = "comm_error"  # lost its peers or the master (unavailable, reset, timed out)
     HEARTBEAT_LOST = "heartbeat_lost"
     STOPPED = "stopped"  # stopped by the master (job end, scale-in)
     HANG = "hang"  # held shards but made no step progress for hang_timeout_seconds
+    STRAGGLER = "straggler"  # replaced because its steps were much slower than its peers'
     UNKNOWN = "unknown"
 
 
@@ -57,6 +59,9 @@ class Node:
     last_heartbeat: float = 0.0
     last_progress: float = 0.0  # monotonic time of the last shard taken or step reported
     global_step: int = 0
+    steps: int = 0  # training steps this incarnation reported
+    step_seconds: float = 0.0  # moving average of the time between its step reports
+    last_step_at: float = 0.0  # monotonic time of its last step report
     cpu_percent: float = 0.0
     memory_rss_bytes: int = 0
     started_at: float = 0.0

@@ -61,14 +61,29 @@ def decide_on_exit(
     job_relaunches_used: int,
     job_relaunch_budget: int,
     job_ending: bool,
+    deterministic: bool = False,
 ) -> ExitDecision:
-    """Relaunch, fail the job, or do nothing after `node` ended with `reason`."""
+    """Relaunch, fail the job, or do nothing after `node` ended with `reason`.
+
+    `deterministic`: the failure would repeat on a relaunch (a user-code error at start-up),
+    so the job fails at once instead of burning the relaunch budget.
+    """
     if job_ending or reason == ExitReason.STOPPED:
         return ExitDecision(Action.NONE, f"{node.name} stopped by the master")
     if reason == ExitReason.SUCCEEDED and node.type != "ps":
         return ExitDecision(Action.NONE, f"{node.name} finished")
     what = "exited" if reason == ExitReason.SUCCEEDED else f"failed ({reason.value})"
     code = "" if node.exit_code is None else f", exit code {node.exit_code}"
+    if deterministic and reason != ExitReason.SUCCEEDED:
+        if node.type == "evaluator":
+            return ExitDecision(
+                Action.NONE, f"{node.name} {what}{code} at start-up; evaluator not relaunched"
+            )
+        return ExitDecision(
+            Action.FAIL_JOB,
+            f"{node.name} {what}{code} at start-up, before its first step; not relaunched "
+            "because it would fail the same way: fix the error shown and submit again",
+        )
     if node.relaunches >= max_relaunches_per_rank:
         if node.type == "evaluator":
             return ExitDecision(Action.NONE, f"{node.name} {what}; evaluator relaunches used up")

@@ -158,7 +158,7 @@ class DatasetProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., epochs: _Optional[int] = ..., current_epoch: _Optional[int] = ..., records_done: _Optional[int] = ..., records_redone: _Optional[int] = ..., records_todo: _Optional[int] = ..., records_doing: _Optional[int] = ..., finished: bool = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("name", "status", "reason", "global_step", "nodes", "datasets", "elapsed_seconds")
+    __slots__ = ("name", "status", "reason", "global_step", "nodes", "datasets", "elapsed_seconds", "dashboard_url")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class JobStatus(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     name: str
     status: str
     reason: str
@@ -173,7 +174,8 @@ class JobStatus(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetProgress]
     elapsed_seconds: float
-    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., global_step: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+    dashboard_url: str
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., global_step: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
 
 class ScaleRequest(_message.Message):
     __slots__ = ("node_type", "replicas", "reason")

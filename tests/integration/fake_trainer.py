@@ -3,8 +3,10 @@
 Each step "trains" on one batch: it appends the indices to an ids file, then reports the
 step to the master, as the TF hooks do. Options come from the environment:
 FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (exit code 3
-at start, for relaunch tests), FAKE_HANG_AT_STEP (the first incarnation to reach that
-step stops stepping but keeps its heartbeat, like a deadlocked training loop).
+at start without a traceback, a failure a relaunch may fix), FAKE_RAISE (an exception at
+start-up: a deterministic user-code error), FAKE_HANG_AT_STEP (the first incarnation to reach
+that step stops stepping but keeps its heartbeat, like a deadlocked training loop),
+FAKE_SLOW_RANK=R:SECONDS (worker R sleeps that long per step: a straggler).
 """
 
 import os
@@ -26,8 +28,10 @@ def _first_to_hang(ids_dir: str) -> bool:
 
 def main() -> int:
     if os.environ.get("FAKE_FAIL"):
-        print("Traceback (most recent call last):\nValueError: deliberate failure", flush=True)
+        print("fatal: deliberate failure", flush=True)
         return 3
+    if os.environ.get("FAKE_RAISE"):
+        raise RuntimeError("deliberate start-up error: " + os.environ["FAKE_RAISE"])
     ds = ShardedDataset(
         "train",
         size=int(os.environ.get("FAKE_SIZE", "2000")),
@@ -37,6 +41,9 @@ def main() -> int:
         seed=7,
     )
     step_seconds = float(os.environ.get("FAKE_STEP_SECONDS", "0.002"))
+    slow_rank, _, slow_seconds = os.environ.get("FAKE_SLOW_RANK", "").partition(":")
+    if os.environ["DLROVER_NODE_TYPE"] == "worker" and slow_rank == os.environ["DLROVER_NODE_RANK"]:
+        step_seconds = float(slow_seconds)
     ids_dir = os.environ["FAKE_IDS_DIR"]
     hang_at = int(os.environ.get("FAKE_HANG_AT_STEP", "0"))
     node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"

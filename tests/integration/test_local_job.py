@@ -105,8 +105,20 @@ def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
     )
     assert missing.returncode == 2 and "nodes with logs: worker-0, worker-1" in missing.stderr
     with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
-        kinds = [json.loads(line)["kind"] for line in f]
+        events = [json.loads(line) for line in f]
+    kinds = [e["kind"] for e in events if e["kind"] not in ("node_running", "node_exited")]
     assert kinds[:3] == ["fault", "node_failed", "relaunch"] and kinds[-1] == "job_succeeded"
+    # Structured: which node, the classified reason, and the details of each decision.
+    fault, failed, relaunch = (next(e for e in events if e["kind"] == k) for k in kinds[:3])
+    assert (fault["node_type"], fault["node_rank"], fault["node_id"]) == ("worker", 1, w1[0]["id"])
+    assert fault["details"]["signal"] == signal.SIGKILL
+    assert (failed["node_type"], failed["node_rank"], failed["reason"]) == ("worker", 1, "killed")
+    assert failed["details"]["exit_code"] == -signal.SIGKILL
+    assert failed["details"]["diagnosis"] == "killed by SIGKILL"
+    assert (relaunch["node_id"], relaunch["reason"]) == (w1[1]["id"], "killed")
+    assert relaunch["details"]["previous_id"] == w1[0]["id"]
+    launched = [(e["node_type"], e["node_rank"]) for e in events if e["kind"] == "node_running"]
+    assert sorted(launched) == [("worker", 0), ("worker", 1), ("worker", 1)]
 
 
 def test_relaunch_budget_exhausted_fails_with_reason(tmp_path):

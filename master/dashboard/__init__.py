@@ -1,0 +1,1 @@
+"""The master's HTTP side: Prometheus /metrics, the web dashboard and its JSON API."""

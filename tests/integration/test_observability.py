@@ -1,0 +1,116 @@
+"""Metrics, diagnosis and events of whole local jobs (fake trainer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.test_local_job import start_submit, submit, write_job
+
+
+def read_header(proc: subprocess.Popen) -> dict[str, str]:
+    """The master address, run dir and dashboard URL `dlrover submit` prints at start."""
+    found: dict[str, str] = {}
+    for line in proc.stdout:
+        if line.startswith("== job ") and "master at" in line:
+            found["addr"] = line.split("master at ")[1].split(",")[0]
+            found["run_dir"] = line.split("run dir ")[1].strip()
+        if line.strip().startswith("dashboard "):
+            found["dashboard"] = line.split()[1]
+            return found
+    raise AssertionError(f"submit ended without printing its dashboard URL: {found}")
+
+
+def scrape(dashboard: str) -> dict[tuple[str, frozenset], float]:
+    """One Prometheus scrape, parsed by prometheus_client's own text parser."""
+    with urllib.request.urlopen(dashboard + "metrics", timeout=10) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain")
+        text = reply.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def rpc_calls(samples: dict) -> float:
+    return sum(v for (n, _), v in samples.items() if n == "dlrover_rpc_duration_seconds_count")
+
+
+def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_reported(tmp_path):
+    job = write_job(
+        tmp_path,
+        env={
+            "FAKE_SIZE": "12000",
+            "FAKE_EPOCHS": "1",
+            "FAKE_STEP_SECONDS": "0.01",
+            "FAKE_SLOW_RANK": "1:0.08",
+        },
+        straggler_min_steps=10,
+    )
+    proc = start_submit(job, tmp_path, "--status-interval", "0.5")
+    try:
+        header = read_header(proc)
+        first = scrape(header["dashboard"])
+        while value(first, "dlrover_global_step") == 0:
+            first = scrape(header["dashboard"])
+        second = scrape(header["dashboard"])
+        # Wait (no timing assumed) until steps were taken and unary RPCs (shard requests)
+        # answered between the two scrapes.
+        while value(second, "dlrover_global_step") <= value(
+            first, "dlrover_global_step"
+        ) or rpc_calls(second) <= rpc_calls(first):
+            second = scrape(header["dashboard"])
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert value(first, "dlrover_nodes", type="worker", state="running") == 2
+    assert value(first, "dlrover_nodes", type="ps", state="running") == 0
+    assert value(first, "dlrover_job_state", job="fake", state="running") == 1
+    done = ("dlrover_dataset_records", {"dataset": "train", "queue": "done"})
+    assert value(second, done[0], **done[1]) >= value(first, done[0], **done[1])
+    assert value(second, "dlrover_global_step") > value(first, "dlrover_global_step")
+    assert rpc_calls(second) > rpc_calls(first) > 0
+    assert value(second, "dlrover_rpc_duration_seconds_count", method="GetShard", code="OK") > 0
+    assert value(second, "dlrover_node_memory_rss_bytes", type="worker", rank="0") > 0
+    assert value(second, "dlrover_rpc_stream_messages_total", method="StreamProgress") > value(
+        first, "dlrover_rpc_stream_messages_total", method="StreamProgress"
+    )
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["dashboard_url"] == header["dashboard"]
+    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    stragglers = [e for e in events if e["kind"] == "straggler"]
+    assert stragglers, [e["kind"] for e in events]
+    assert {(e["node_type"], e["node_rank"]) for e in stragglers} == {("worker", 1)}
+    assert stragglers[0]["details"]["slowdown"] > 2 and stragglers[0]["details"]["action"] == (
+        "report"
+    )
+
+
+def test_script_raising_at_start_fails_on_first_attempt_with_the_traceback(tmp_path):
+    job = write_job(tmp_path, workers=1, env={"FAKE_RAISE": "bad learning rate"})
+    proc, summary = submit(job, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert summary["status"] == "failed"
+    assert [(n["type"], n["rank"], n["relaunches"]) for n in summary["nodes"]] == [("worker", 0, 0)]
+    assert "before its first step" in summary["reason"]
+    assert "Traceback (most recent call last):" in summary["reason"]
+    assert "RuntimeError: deliberate start-up error: bad learning rate" in summary["reason"]
+    node = summary["nodes"][0]
+    assert node["exit_reason"] == "user_error"
+    assert node["excerpt"].splitlines()[-1] == (
+        "RuntimeError: deliberate start-up error: bad learning rate"
+    )
+    failed = [e for e in summary["events"] if e["kind"] == "node_failed"]
+    assert failed[0]["reason"] == "user_error" and failed[0]["details"]["deterministic"] is True
+    assert "relaunch" not in {e["kind"] for e in summary["events"]}
