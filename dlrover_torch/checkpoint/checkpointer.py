@@ -20,7 +20,7 @@ import torch
 from dlrover_torch.checkpoint import env, layout, shm, storage
 from dlrover_torch.checkpoint.client import ServiceClient
 from dlrover_torch.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from dlrover_torch.checkpoint.memory import MemoryStore, alloc_host_buffer
+from dlrover_torch.checkpoint.memory import MemoryCopy, MemoryStore, alloc_host_buffer
 from dlrover_torch.checkpoint.preflight import check_disk, check_shm
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Checkpointer:
         writers: Literal["rank0", "all"] = "rank0",
         memory_slots: int = 2,
         service_address: str | None = None,
+        shm_dir: str = shm.SHM_DIR,
     ) -> None:
         if writers not in ("rank0", "all"):
             raise ValueError(f"writers={writers!r}: use 'rank0' or 'all'")
@@ -101,7 +102,7 @@ class Checkpointer:
             threading.Thread(
                 target=self._spawn_service, args=(namespace,), name="ckpt-spawn", daemon=True
             ).start()
-        self.memory = MemoryStore(namespace, self.rank, self.world, memory_slots)
+        self.memory = MemoryStore(namespace, self.rank, self.world, memory_slots, shm_dir)
 
     # ---- public API --------------------------------------------------------------------
     def prepare(self, state_dict: Any) -> None:
@@ -232,7 +233,7 @@ class Checkpointer:
     def _ensure_memory(self, lay: layout.Layout, meta: bytes) -> None:
         needed = self.memory.bytes_needed(lay.data_bytes, len(meta))
         if self.memory.ensure_needed(lay.data_bytes, len(meta)):
-            check_shm(needed, self.memory.reserved_bytes())
+            check_shm(needed, self.memory.reserved_bytes(), self.memory.directory)
             self.memory.ensure(lay.data_bytes, len(meta))
 
     def _check_disk(self, nbytes: int) -> None:
@@ -296,28 +297,43 @@ class Checkpointer:
             raise CheckpointError("persisting checkpoints failed: " + "; ".join(failures))
 
     def _load_memory(self) -> tuple[int, Any] | None:
+        copy = self._agreed_memory_copy()
+        if copy is None:
+            return None
+        state = self.memory.read(copy)
+        log.info("restored step %d from shared memory", copy.header.step)
+        return copy.header.step, state
+
+    def _agreed_memory_copy(self) -> MemoryCopy | None:
+        """This rank's newest memory copy if all ranks hold its step and disk is not newer."""
         copy = self.memory.latest()
         step = copy.header.step if copy is not None else -1
         lo, hi = agree(step)
-        tracker = storage.read_tracker(self.checkpoint_dir)
         if lo != hi or lo < 0:
             if step >= 0:
-                log.info(
-                    "memory holds step %d here but ranks hold %d..%d: using disk", step, lo, hi
-                )
+                log.info("memory step %d here, ranks hold %d..%d: using disk", step, lo, hi)
             return None
+        tracker = storage.read_tracker(self.checkpoint_dir)
         if tracker is not None and tracker > step:
             log.info("disk holds step %d, newer than memory step %d: using disk", tracker, step)
             return None
-        assert copy is not None
-        state = self.memory.read(copy)
-        log.info("restored step %d from shared memory", step)
-        return step, state
+        return copy
 
     def _source_rank(self, manifests_writers: list[int]) -> int:
         return self.rank if self.rank in manifests_writers else manifests_writers[0]
 
     def _load_disk(self) -> tuple[int, Any] | None:
+        found = self._agreed_disk_step(self._read_step)
+        if found is not None:
+            log.info("restored step %d from %s", found[0], self.checkpoint_dir)
+        return found
+
+    def _agreed_disk_step(self, attempt: Any) -> tuple[int, Any] | None:
+        """The newest committed step every rank can read: ``(step, attempt(step))``.
+
+        ``attempt`` raises CorruptCheckpointError for a step this rank cannot use; ranks then
+        agree on the newest step that works for all of them.
+        """
         candidates = storage.committed_steps(self.checkpoint_dir)
         bound: int | None = None
         while True:
@@ -326,21 +342,16 @@ class Checkpointer:
                 if bound is not None and step > bound:
                     continue
                 try:
-                    mine = (step, self._read_step(step))
+                    mine = (step, attempt(step))
                     break
                 except CorruptCheckpointError as exc:
-                    log.error(
-                        "checkpoint step %d is corrupt, trying the previous one: %s", step, exc
-                    )
-            value = mine[0] if mine is not None else -1
-            lo, hi = agree(value)
+                    log.error("checkpoint step %d is corrupt, trying the one before: %s", step, exc)
+            lo, hi = agree(mine[0] if mine is not None else -1)
             if lo == hi:
-                if mine is not None:
-                    log.info("restored step %d from %s", mine[0], self.checkpoint_dir)
                 return mine
-            bound = lo
             if lo < 0:
                 return None
+            bound = lo
 
     def _read_step(self, step: int) -> Any:
         directory = storage.step_dir(self.checkpoint_dir, step)

@@ -66,6 +66,8 @@ class Layout:
     tree: Any
     extents: list[TensorExtent] = field(default_factory=list)
     data_bytes: int = 0
+    # The objects each extent came from (only on the saving side; never serialised).
+    sources: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def same_extents(self, other: Layout | None) -> bool:
         """True when ``other`` places the same tensors at the same offsets."""
@@ -101,9 +103,11 @@ class _Planner:
     def __init__(self) -> None:
         self.extents: list[TensorExtent] = []
         self.tensors: list[torch.Tensor] = []
+        self.sources: list[Any] = []
         self.cursor = 0
 
     def add_tensor(self, tensor: torch.Tensor, path: str) -> int:
+        self.sources.append(tensor)
         if _is_dtensor(tensor):
             chunks = tensor.__create_chunk_list__()
             if len(chunks) != 1:
@@ -192,7 +196,7 @@ def plan(state_dict: Any) -> tuple[Layout, list[torch.Tensor]]:
     """Lay out ``state_dict``: return its Layout and its tensors in extent order."""
     planner = _Planner()
     tree = planner.encode(state_dict, "")
-    return Layout(tree, planner.extents, planner.cursor), planner.tensors
+    return Layout(tree, planner.extents, planner.cursor, planner.sources), planner.tensors
 
 
 def encode_meta(layout: Layout, extra: dict[str, Any]) -> bytes:

@@ -78,13 +78,16 @@ class _Slot:
 class MemoryStore:
     """The shm slots of one rank under ``namespace``; slots are reused across saves."""
 
-    def __init__(self, namespace: str, rank: int, world: int, slots: int) -> None:
+    def __init__(
+        self, namespace: str, rank: int, world: int, slots: int, directory: str = shm.SHM_DIR
+    ) -> None:
         if slots < 1:
             raise ValueError(f"memory_slots={slots}: need at least 1 (2 lets persists overlap)")
         self.namespace = namespace
         self.rank = rank
         self.world = world
-        self.paths = [shm.slot_path(namespace, rank, i) for i in range(slots)]
+        self.directory = directory
+        self.paths = [shm.slot_path(namespace, rank, i, directory) for i in range(slots)]
         self._slots: list[_Slot | None] = [None] * slots
         self._data_cap = 0
         self._meta_cap = 0

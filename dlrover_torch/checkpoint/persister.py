@@ -179,7 +179,7 @@ class _CrcFile(io.RawIOBase):
     def finish(self) -> storage.FileDigest:
         os.fdatasync(self.fd)
         os.close(self.fd)
-        return storage.FileDigest(self.pos, self.crcs)
+        return storage.FileDigest(self.pos, self.crcs, storage.CHUNK_BYTES)
 
 
 def _write_dcp_rank(

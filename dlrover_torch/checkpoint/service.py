@@ -34,9 +34,10 @@ STANDALONE_IDLE_EXIT_S = 60.0  # a standalone service nobody connected to gives 
 class PersistService:
     """Accepts persist requests on ``socket_path`` and runs them one at a time, in order."""
 
-    def __init__(self, socket_path: str, namespace: str) -> None:
+    def __init__(self, socket_path: str, namespace: str, shm_dir: str = shm.SHM_DIR) -> None:
         self.socket_path = socket_path
         self.namespace = namespace
+        self.shm_dir = shm_dir
         self._jobs: queue.Queue[tuple[str, int | None, Future[PersistResult]] | None] = (
             queue.Queue()
         )
@@ -79,7 +80,7 @@ class PersistService:
     def persist_latest(self, timeout: float) -> list[PersistResult]:
         """Persist every rank's newest committed memory checkpoint; wait up to ``timeout`` s."""
         newest: dict[int, tuple[int, str]] = {}
-        for path in shm.slot_paths(self.namespace):
+        for path in shm.slot_paths(self.namespace, self.shm_dir):
             slot = shm.SlotFile.open(path)
             if slot is None:
                 continue
@@ -136,7 +137,7 @@ class PersistService:
         self._crc_pool.shutdown(wait=True)
         shm.unlink_quietly(self.socket_path)
         if unlink_segments:
-            for path in shm.slot_paths(self.namespace):
+            for path in shm.slot_paths(self.namespace, self.shm_dir):
                 shm.unlink_quietly(path)
 
     def _run_jobs(self) -> None:

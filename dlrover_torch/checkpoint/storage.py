@@ -130,7 +130,7 @@ def write_durable(
         raise
     os.close(fd)
     os.rename(tmp, path)
-    return FileDigest(size, crcs)
+    return FileDigest(size, crcs, CHUNK_BYTES)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
