@@ -1,0 +1,116 @@
+"""The dashboard of a running job in a real headless browser (Debian's chromium), with the
+screenshots README shows: docs/dashboard.png and docs/status.txt (`dlrover status`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import urllib.request
+
+import pytest
+
+from tests.integration.test_local_job import DLROVER, start_submit, write_job
+from tests.integration.test_observability import read_header
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = os.path.join(REPO, "docs")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    # Lets the page's fetches and timers run before the DOM is dumped or the shot taken.
+    "--virtual-time-budget=6000",
+)
+
+
+def chromium() -> str:
+    """The chromium binary; skips outside CI when it is absent, fails in CI (CI=true)."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    message = "Debian's chromium is not installed: `apt-get install -y chromium` (.ci/run does it)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_chromium(binary: str, profile: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
+    binary = chromium()
+    job = write_job(
+        tmp_path,
+        env={"FAKE_SIZE": "60000", "FAKE_EPOCHS": "1", "FAKE_STEP_SECONDS": "0.01"},
+    )
+    proc = start_submit(job, tmp_path, "--kill", "worker:1@3%")
+    try:
+        header = read_header(proc)
+        url = header["dashboard"]
+        # Wait for a story worth showing: the kill, the relaunch and some training after it.
+        status = get_json(url + "api/status")
+        while not (
+            any(e["kind"] == "relaunch" for e in status["events"])
+            and all(n["state"] == "running" and n["steps"] > 20 for n in status["nodes"])
+        ):
+            assert status["state"] == "running", status
+            status = get_json(url + "api/status")
+        dom = run_chromium(binary, str(tmp_path / "profile-dom"), "--dump-dom", url)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        assert 'data-loaded="true"' in dom.stdout, dom.stdout[-3000:]
+        rows = re.findall(r'<tr data-node="([^"]+)">', dom.stdout)
+        assert rows == ["worker-0", "worker-1"], dom.stdout[-3000:]
+        assert 'id="job-state" class="badge st-running">running<' in dom.stdout
+        assert "relaunch" in dom.stdout and "<path " in dom.stdout  # event list, a chart line
+        os.makedirs(DOCS, exist_ok=True)
+        shot = os.path.join(DOCS, "dashboard.png")
+        if os.path.exists(shot):
+            os.remove(shot)
+        shot_run = run_chromium(
+            binary,
+            str(tmp_path / "profile-shot"),
+            f"--screenshot={shot}",
+            "--window-size=1280,1000",
+            url,
+        )
+        assert shot_run.returncode == 0, shot_run.stderr[-2000:]
+        with open(shot, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        token_file = os.path.join(header["run_dir"], ".job_token")
+        screen = subprocess.run(
+            [*DLROVER, "status", "--addr", header["addr"], "--token-file", token_file],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert screen.returncode == 0, screen.stderr
+        assert re.search(r"\n  worker-1 +\d+  running +1 ", screen.stdout), screen.stdout
+        assert "steps/s" in screen.stdout and "relaunch" in screen.stdout
+        with open(os.path.join(DOCS, "status.txt"), "w") as f:
+            f.write(f"$ dlrover status --addr {header['addr']} --token-file RUN_DIR/.job_token\n")
+            f.write(screen.stdout)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "job stopped" in out
