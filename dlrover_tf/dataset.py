@@ -168,7 +168,8 @@ class ShardedDataset:
         """Wait until the master has applied every report sent so far."""
         reply = self._progress.close()
         if reply is not None and reply.stale:
-            log.warning("%d progress reports were for shards re-queued meanwhile", reply.stale)
+            # Re-sent after a reconnect (already applied), or for shards given back meanwhile.
+            log.info("the master skipped %d progress reports of shards it had closed", reply.stale)
 
     def close(self) -> None:
         self.flush()

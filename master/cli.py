@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
             "30s (after start) or step=1000; e.g. worker:1@50%%. May repeat.",
         )
         s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
+        # Internal: set by the `dlrover submit` supervisor on the master it runs.
+        s.add_argument("--lifeline-fd", type=int, default=-1, help=argparse.SUPPRESS)
+        s.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
         s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
         if name == "submit":
             s.add_argument(
@@ -90,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.cmd == "status":
         return _status(args)
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return submit_k8s(spec, args.job_yaml, args.namespace, args.image, args.dry_run)
     from master.submit import SubmitOptions, run_job
 
+    if args.cmd == "submit" and args.platform == "local" and args.lifeline_fd < 0:
+        return _supervise(spec, args, argv)
     opts = SubmitOptions(
         master=master_config,
         run_dir=args.run_dir,
@@ -131,13 +137,37 @@ def main(argv: list[str] | None = None) -> int:
         status_interval=args.status_interval,
         quiet=args.cmd == "master",
         platform=args.platform,
-        platform_options={"address": args.ray_address} if args.platform == "ray" else {},
+        platform_options=_platform_options(args),
+        resume=args.resume,
     )
     try:
         return run_job(spec, opts)
     except (OSError, PlatformError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
+
+
+def _platform_options(args: argparse.Namespace) -> dict[str, str]:
+    if args.platform == "ray":
+        return {"address": args.ray_address}
+    if args.platform == "local" and args.lifeline_fd >= 0:
+        return {"lifeline_fd": str(args.lifeline_fd)}
+    return {}
+
+
+def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the master as a supervised child that is restarted, with its nodes kept, if it dies."""
+    import os
+
+    from master.platform.local import free_port
+    from master.submit import default_run_dir
+    from master.supervisor import MasterSupervisor
+
+    run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
+    port = args.port or free_port(args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1")
+    # Later options win in argparse: the child and every restart share this run dir and port.
+    child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
+    return MasterSupervisor(child, run_dir, sys.stdout).run()
 
 
 def _admin_client(args: argparse.Namespace):

@@ -110,7 +110,14 @@ class MasterClient:
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_time_ms", 2_000),
+                ("grpc.keepalive_timeout_ms", 2_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+                # Reconnect within a second of a restarted master coming back.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1_000),
             ],
         )
         self._stub = master_pb2_grpc.MasterStub(self._channel)
@@ -314,7 +321,11 @@ class ProgressStream:
         self._future: grpc.Future | None = None
         self._enqueued = 0
         self._sent = 0
-        self._last: data_pb2.ReportProgressRequest | None = None
+        self._flowing = False  # a message went out on the current stream
+        # Latest cumulative progress per dataset and shard, re-sent on a new stream: the
+        # master may have restarted and lost the tail of what the old stream carried.
+        self._progress: dict[str, dict[int, int]] = {}
+        self._global_step = 0
 
     def _messages(self, q: queue.SimpleQueue) -> Iterator[data_pb2.ReportProgressRequest]:
         while True:
@@ -325,6 +336,7 @@ class ProgressStream:
             # gRPC asks for the next message only once the previous one was sent.
             with self._cond:
                 self._sent += 1
+                self._flowing = True
                 self._cond.notify_all()
 
     def _open(self) -> None:
@@ -336,12 +348,17 @@ class ProgressStream:
         self._queue = queue.SimpleQueue()
         with self._cond:
             self._enqueued = self._sent = 0
+            self._flowing = False
+        # wait_for_ready: a stream opened while the master restarts starts once it is back.
         self._future = self._client._stub.StreamProgress.future(
-            self._messages(self._queue), metadata=self._client._metadata
+            self._messages(self._queue), metadata=self._client._metadata, wait_for_ready=True
         )
-        if self._last is not None:
-            # Progress is cumulative, so the last report stands for every earlier one.
-            self._put(self._last)
+        for dataset, shards in self._progress.items():
+            # Progress is cumulative, so the latest report of a shard stands for every earlier
+            # one; shards the master already saw end are skipped by it as stale.
+            self._put(
+                self._client._progress_request(dataset, sorted(shards.items()), self._global_step)
+            )
 
     def _put(self, request: data_pb2.ReportProgressRequest) -> None:
         with self._cond:
@@ -352,16 +369,25 @@ class ProgressStream:
         """Queue one step's report once the previous one is on the wire."""
         if self._future is None or self._future.done():
             self._open()
+        self._wait_sent()
+        reports = list(reports)
+        self._progress.setdefault(dataset, {}).update(reports)
+        self._global_step = max(self._global_step, global_step)
+        self._put(self._client._progress_request(dataset, reports, global_step))
+        if not self._flowing:
+            # A new stream (first use, or the master restarting) may not be connected yet:
+            # keep the one-batch bound by waiting for this report itself to go out.
+            self._wait_sent()
+
+    def _wait_sent(self) -> None:
         with self._cond:
             if not self._cond.wait_for(
                 lambda: self._sent >= self._enqueued or self._future.done(), self._send_timeout
             ):
                 log.warning(
-                    "the previous progress report is not sent after %ss", self._send_timeout
+                    "a progress report is not sent after %ss; is the master reachable?",
+                    self._send_timeout,
                 )
-        request = self._client._progress_request(dataset, reports, global_step)
-        self._last = request
-        self._put(request)
 
     def close(self, timeout: float = 30.0) -> data_pb2.ReportProgressReply | None:
         """Flush: end the stream and wait until the master has applied every report."""
@@ -370,7 +396,7 @@ class ProgressStream:
         self._queue.put(self._END)
         try:
             reply = self._future.result(timeout=timeout)
-            self._last = None  # applied: nothing to send again on the next stream
+            self._progress.clear()  # applied: nothing to send again on the next stream
             return reply
         except grpc.RpcError as e:
             raise self._client._translate(e) from None

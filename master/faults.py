@@ -14,6 +14,10 @@ _PATTERN = re.compile(
 )
 
 
+# `--kill master:0@...`: the master kills itself; its supervisor restarts it.
+MASTER = "master"
+
+
 class FaultSpecError(ValueError):
     """A --kill value that cannot be understood."""
 
@@ -40,7 +44,8 @@ class Fault:
 
 
 def parse_fault(text: str) -> Fault:
-    """Parse 'worker:1@50%', 'ps:0@30s', 'chief:0@step=1000' (optionally ':SIGTERM')."""
+    """Parse 'worker:1@50%', 'ps:0@30s', 'chief:0@step=1000', 'master:0@40%' (optionally
+    followed by ':SIGTERM')."""
     m = _PATTERN.match(text.strip())
     if not m:
         raise FaultSpecError(
@@ -49,10 +54,13 @@ def parse_fault(text: str) -> Fault:
             "for example --kill worker:1@50%"
         )
     node_type = m["type"]
-    if node_type not in NODE_TYPES:
+    if node_type not in (*NODE_TYPES, MASTER):
         raise FaultSpecError(
-            f"--kill {text!r}: unknown node type {node_type!r}; use one of {NODE_TYPES}"
+            f"--kill {text!r}: unknown node type {node_type!r}; use one of "
+            f"{(*NODE_TYPES, MASTER)} (master: the job's own master, which is restarted)"
         )
+    if node_type == MASTER and int(m["rank"]) != 0:
+        raise FaultSpecError(f"--kill {text!r}: a job has one master, master:0")
     sig = signal.SIGKILL
     if m["sig"]:
         name = m["sig"] if m["sig"].startswith("SIG") else "SIG" + m["sig"]

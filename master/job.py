@@ -26,8 +26,8 @@ from master.client import (
 )
 from master.config import NODE_TYPES, JobSpec
 from master.diagnosis import Diagnosis, diagnose_exit, find_stragglers
-from master.events import EVENTS_FILE, EventLog, JobEvent
-from master.faults import Fault, due
+from master.events import EVENTS_FILE, EventLog, JobEvent, read_events
+from master.faults import MASTER, Fault, due
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
@@ -54,7 +54,13 @@ LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
 MAX_REPLICAS = 1024
 JOB_TABLE = "job"
+# How often the control loop checks that no newer master instance has taken over.
+FENCE_CHECK_SECONDS = 1.0
 STRAGGLER_CHECK_SECONDS = 5.0
+
+
+class MasterFencedError(RuntimeError):
+    """A newer master instance runs this job: this one must not act any more."""
 
 
 class JobState(str, enum.Enum):
@@ -130,6 +136,12 @@ class JobMaster:
         self.cluster_version = 1
         self._lock = threading.Lock()
         self.wall_seconds = 0.0
+        self.epoch = 0  # this master instance's number; a restarted master takes the next
+        self._started_wall = time.time()
+        self._fired_faults: list[int] = []  # indices into the faults given at submit
+        self._all_faults = list(faults)
+        self._addresses: dict[tuple[str, int], str] = {}
+        self._next_fence_check = 0.0
 
     # -- public -------------------------------------------------------------
 
@@ -163,22 +175,33 @@ class JobMaster:
         self._scale_requests.put((node_type, replicas, reason, done))
         return done.result(timeout)
 
-    def run(self) -> JobState:
-        """Launch every node and run the control loop until the job ends."""
+    def run(self, resume: bool = False) -> JobState:
+        """Launch every node (or, with resume, adopt the nodes of the previous master instance
+        recorded in the state store) and run the control loop until the job ends."""
+        self._take_epoch()
         self._started = time.monotonic()
-        self._set_state(JobState.RUNNING, "")
+        fenced = False
         try:
-            for node_type in LAUNCH_ORDER:
-                for rank in range(self.replicas[node_type]):
-                    self._launch(node_type, rank, relaunches=0)
+            if resume:
+                self._resume()
+            else:
+                self._set_state(JobState.RUNNING, "")
+                self._save_runtime()
+                for node_type in LAUNCH_ORDER:
+                    for rank in range(self.replicas[node_type]):
+                        self._launch(node_type, rank, relaunches=0)
             while not self.state.ended:
                 self._step()
+        except MasterFencedError:
+            fenced = True
+            raise
         except BaseException as e:
             if not self.state.ended:
                 self._set_state(JobState.FAILED, f"master error: {e!r}")
             raise
         finally:
-            self._shutdown()
+            if not fenced:
+                self._shutdown()
         return self.state
 
     def request_stop(self, reason: str) -> None:
@@ -193,9 +216,79 @@ class JobMaster:
     def elapsed(self) -> float:
         return time.monotonic() - self._started
 
+    # -- durability: epochs and resuming ------------------------------------
+
+    def _take_epoch(self) -> None:
+        """Become the newest master instance of this job (fencing out any older one)."""
+        with self.store.transaction():
+            raw = self.store.get(JOB_TABLE, "epoch")
+            self.epoch = (int(raw) if raw else 0) + 1
+            self.store.put(JOB_TABLE, "epoch", str(self.epoch).encode())
+
+    def _check_fence(self) -> None:
+        now = time.monotonic()
+        if now < self._next_fence_check:
+            return
+        self._next_fence_check = now + FENCE_CHECK_SECONDS
+        raw = self.store.get(JOB_TABLE, "epoch")
+        if raw and int(raw) > self.epoch:
+            log.error("master epoch %s took over from this one (%d); stopping", raw, self.epoch)
+            raise MasterFencedError(f"master epoch {int(raw)} runs this job now")
+
+    def _save_runtime(self) -> None:
+        """Record what a restarted master needs beyond the nodes, ledgers and checkpoints."""
+        record = {
+            "replicas": self._replicas,
+            "cluster_version": self.cluster_version,
+            "job_relaunches": self._job_relaunches,
+            "global_step": self.global_step,
+            "started_wall": self._started_wall,
+            "fired_faults": self._fired_faults,
+            "training_done": self._training_done_at is not None,
+            "addresses": [[t, r, a] for (t, r), a in sorted(self._addresses.items())],
+        }
+        self.store.put(JOB_TABLE, "runtime", json.dumps(record).encode())
+
+    def _resume(self) -> None:
+        """Continue the job a previous master instance ran: same nodes, ledgers, addresses."""
+        raw = self.store.get(JOB_TABLE, "runtime")
+        if raw is None:
+            raise ValueError(
+                "nothing to resume: the state store holds no running job "
+                "(start the job without --resume)"
+            )
+        record = json.loads(raw)
+        self._replicas.update(record["replicas"])
+        self.cluster_version = record["cluster_version"]
+        self._job_relaunches = record["job_relaunches"]
+        self.global_step = record["global_step"]
+        self._started_wall = record["started_wall"]
+        self._started = time.monotonic() - max(0.0, time.time() - self._started_wall)
+        self._fired_faults = list(record["fired_faults"])
+        self._faults = [f for i, f in enumerate(self._all_faults) if i not in self._fired_faults]
+        if record["training_done"]:
+            self._training_done_at = time.monotonic()
+        self._addresses = {(t, int(r)): a for t, r, a in record["addresses"]}
+        self.platform.restore_addresses(dict(self._addresses))
+        if self.runtime.run_dir:
+            self.event_log.preload(read_events(self.runtime.run_dir))
+        self.state = JobState.RUNNING
+        adopted = 0
+        for node in self.nodes.restore():
+            if node.state.ended:
+                continue
+            self.platform.adopt(self._launch_spec(node), node.platform_handle)
+            adopted += 1
+        self._emit(
+            "master_restarted",
+            f"master restarted (epoch {self.epoch}): adopted {adopted} running nodes, "
+            "relaunched none",
+        )
+
     # -- control loop -------------------------------------------------------
 
     def _step(self) -> None:
+        self._check_fence()
         try:
             event = self.platform.events.get(timeout=TICK_SECONDS)
         except queue.Empty:
@@ -218,7 +311,7 @@ class JobMaster:
     def _launch(self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0) -> Node:
         group = self.spec.group(node_type)
         node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
-        address = self.platform.address_for(node_type, rank)
+        address = self._address(node_type, rank)
         log_path = os.path.join(self.runtime.run_dir, "logs", f"{node.name}.{node.id}.log")
         launch = NodeLaunchSpec(
             type=node_type,
@@ -232,7 +325,8 @@ class JobMaster:
             memory_mb=node.memory_mb,
         )
         self.platform.launch(launch)
-        self.nodes.mark_running(node.id, address, log_path)
+        self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
+        self._save_runtime()
         self._emit(
             "node_running",
             f"{node.name} (id {node.id}) launched at {address}",
@@ -241,6 +335,28 @@ class JobMaster:
             memory_mb=node.memory_mb,
         )
         return node
+
+    def _launch_spec(self, node: Node) -> NodeLaunchSpec:
+        """What a platform needs to adopt a node a previous master started."""
+        group = self.spec.group(node.type)
+        return NodeLaunchSpec(
+            type=node.type,
+            rank=node.rank,
+            id=node.id,
+            command=self._command(node.type),
+            env={},
+            workdir=self.spec.workdir,
+            log_path=node.log_path,
+            cpu=group.cpu,
+            memory_mb=node.memory_mb,
+        )
+
+    def _address(self, node_type: str, rank: int) -> str:
+        """The node address for (type, rank), remembered so a restarted master keeps it."""
+        key = (node_type, rank)
+        if key not in self._addresses:
+            self._addresses[key] = self.platform.address_for(node_type, rank)
+        return self._addresses[key]
 
     def _command(self, node_type: str) -> tuple[str, ...]:
         group = self.spec.group(node_type)
@@ -260,7 +376,7 @@ class JobMaster:
         for node_type in ("ps", "chief", "worker"):
             n = self.spec.worker.slots if node_type == "worker" else self.replicas[node_type]
             if n:
-                cluster[node_type] = [self.platform.address_for(node_type, r) for r in range(n)]
+                cluster[node_type] = [self._address(node_type, r) for r in range(n)]
         return cluster
 
     def _env(self, node: Node) -> dict[str, str]:
@@ -474,6 +590,7 @@ class JobMaster:
         self._replicas[node_type] = replicas
         if node_type != "evaluator":
             self.cluster_version += 1
+        self._save_runtime()
         self._emit(
             "scale",
             f"{node_type} {previous} -> {replicas}" + (f" ({reason})" if reason else ""),
@@ -530,6 +647,9 @@ class JobMaster:
             if not due(fault, pct, secs, self.global_step):
                 continue
             self._faults.remove(fault)
+            if fault.node_type == MASTER:
+                self._kill_self(fault)
+                continue
             node = self.nodes.current(fault.node_type, fault.rank)
             if node is None or node.state != NodeState.RUNNING:
                 self._emit(
@@ -547,11 +667,23 @@ class JobMaster:
             )
             self.platform.signal_node(node.id, fault.signal)
 
+    def _kill_self(self, fault: Fault) -> None:
+        """Fault injection on the master: record it as fired, then die by the signal."""
+        self._emit(
+            "fault", f"fault injection: {fault.describe()} (at global step {self.global_step})"
+        )
+        self._fired_faults.append(self._all_faults.index(fault))
+        self._save_runtime()
+        self.sharding.flush()
+        os.kill(os.getpid(), fault.signal)
+        time.sleep(STOP_GRACE_SECONDS)  # a catchable signal: its handler asks the loop to stop
+
     def _check_completion(self) -> None:
         if self._training_done_at is None:
             if training_finished(self.nodes.all_current(), self.replicas) != JobOutcome.SUCCEEDED:
                 return
             self._training_done_at = time.monotonic()
+            self._save_runtime()
             self._emit("training_done", "chief and workers finished")
             for node in self.nodes.all_current():
                 if node.type == "ps" and not node.state.ended:
@@ -572,6 +704,7 @@ class JobMaster:
 
     def _stop_node(self, node: Node) -> None:
         node.stop_requested = True
+        self.nodes.save(node)
         self.platform.stop_node(node.id, STOP_GRACE_SECONDS)
 
     def _shutdown(self) -> None:

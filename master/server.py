@@ -333,6 +333,10 @@ def start_server(
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # Nodes ping every 2 s so a stream to a master that died is noticed in seconds.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+            ("grpc.http2.max_ping_strikes", 0),
         ],
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
@@ -345,7 +349,10 @@ def start_server(
 
     add_rendezvous_service(server, job.rendezvous, node_check)
     add_kv_service(server, job.kv, node_check)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc >= 1.60 raises where older releases returned 0
+        bound = 0
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}; choose another --port")
     server.start()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from master.client import ENV_JOB_TOKEN_FILE, read_token
 from master.config import JobSpec, MasterConfig
 from master.events import INCIDENT_KINDS, ROUTINE_KINDS
 from master.faults import Fault
@@ -24,6 +25,8 @@ from master.server import advertised_host, job_status_pb, start_server
 from master.state.sqlite import SQLiteStateStore
 
 log = logging.getLogger(__name__)
+
+TOKEN_FILE = ".job_token"
 
 STATE_SHORT = {
     "pending": "pend",
@@ -46,6 +49,7 @@ class SubmitOptions:
     quiet: bool = False
     platform: str = "local"
     platform_options: Mapping[str, str] = field(default_factory=dict)
+    resume: bool = False  # continue the job recorded in run_dir (a restarted master)
 
 
 def default_run_dir(spec: JobSpec) -> str:
@@ -55,7 +59,7 @@ def default_run_dir(spec: JobSpec) -> str:
 
 def write_token(run_dir: str, token: str) -> str:
     """Write the job token to a file only the owner can read; nodes get the file's path."""
-    path = os.path.join(run_dir, ".job_token")
+    path = os.path.join(run_dir, TOKEN_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
@@ -200,7 +204,12 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     cfg = opts.master
     if cfg.state_path == ":memory:":
         cfg = replace(cfg, state_path=os.path.join(run_dir, "state.sqlite"))
-    token_file = write_token(run_dir, cfg.job_token)
+    if opts.resume:
+        # Running nodes hold the token file's path: keep the file and the token in it.
+        token_file = os.path.join(run_dir, TOKEN_FILE)
+        cfg = replace(cfg, job_token=read_token({ENV_JOB_TOKEN_FILE: token_file}))
+    else:
+        token_file = write_token(run_dir, cfg.job_token)
     store = SQLiteStateStore(cfg.state_path)
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
@@ -246,7 +255,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     if printer:
         printer.start(job)
     try:
-        job.run()
+        job.run(resume=opts.resume)
     finally:
         if printer:
             printer.stop()

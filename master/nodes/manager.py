@@ -32,6 +32,21 @@ class NodeManager:
         self._commands: dict[int, list[nodes_pb2.Command]] = defaultdict(list)
         self._next_id = 1
 
+    def restore(self) -> list[Node]:
+        """Load every incarnation a previous master recorded; returns the current ones."""
+        with self._lock:
+            for raw in self._store.scan(NODE_TABLE).values():
+                node = Node.from_record(json.loads(raw))
+                now = time.monotonic()
+                # Give every live node a full timeout to reach the new master.
+                node.last_heartbeat = node.last_progress = now
+                self._by_id[node.id] = node
+                key = (node.type, node.rank)
+                if node.id > self._current.get(key, 0):
+                    self._current[key] = node.id
+                self._next_id = max(self._next_id, node.id + 1)
+            return [self._by_id[i] for i in self._current.values()]
+
     def new_incarnation(self, node_type: str, rank: int, relaunches: int, memory_mb: int) -> Node:
         """Allocate a new id for (type, rank); the previous incarnation becomes stale."""
         with self._lock:
@@ -89,12 +104,15 @@ class NodeManager:
                 raise StaleNodeError(f"{node.name} id {node_id} has already ended")
             return node
 
-    def mark_running(self, node_id: int, address: str, log_path: str) -> None:
+    def mark_running(
+        self, node_id: int, address: str, log_path: str, handle: dict | None = None
+    ) -> None:
         with self._lock:
             node = self._by_id[node_id]
             node.state = NodeState.RUNNING
             node.address = address
             node.log_path = log_path
+            node.platform_handle = dict(handle or {})
             node.last_heartbeat = node.last_progress = time.monotonic()
             self._save(node)
 
@@ -119,6 +137,11 @@ class NodeManager:
             ]
             node.global_step = max(node.global_step, global_step)
             return self._commands.pop(node.id, [])
+
+    def save(self, node: Node) -> None:
+        """Write a node's record after a change the manager did not make (stop requested)."""
+        with self._lock:
+            self._save(node)
 
     def note_progress(self, node: Node, stepped: bool = True) -> None:
         """The node took a shard or (`stepped`) finished a step: hang and straggler detection."""

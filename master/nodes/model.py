@@ -67,6 +67,8 @@ class Node:
     started_at: float = 0.0
     ended_at: float = 0.0
     stop_requested: bool = False
+    # How the platform finds the running process again (e.g. its pid), for a restarted master.
+    platform_handle: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -89,4 +91,27 @@ class Node:
             "log_path": self.log_path,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            "stop_requested": self.stop_requested,
+            "platform_handle": self.platform_handle,
         }
+
+    @classmethod
+    def from_record(cls, record: dict) -> Node:
+        """Rebuild a node from its state-store record (a restarted master)."""
+        return cls(
+            type=record["type"],
+            rank=int(record["rank"]),
+            id=int(record["id"]),
+            state=NodeState(record["state"]),
+            exit_reason=ExitReason(record.get("exit_reason", "")),
+            exit_code=record.get("exit_code"),
+            exit_message=record.get("exit_message", ""),
+            relaunches=int(record.get("relaunches", 0)),
+            address=record.get("address", ""),
+            memory_mb=int(record.get("memory_mb", 0)),
+            log_path=record.get("log_path", ""),
+            started_at=float(record.get("started_at", 0.0)),
+            ended_at=float(record.get("ended_at", 0.0)),
+            stop_requested=bool(record.get("stop_requested", False)),
+            platform_handle=dict(record.get("platform_handle") or {}),
+        )

@@ -71,3 +71,22 @@ class Platform(abc.ABC):
     @abc.abstractmethod
     def shutdown(self, grace_seconds: float) -> None:
         """Stop every node this platform started and release its resources."""
+
+    # -- resuming a job under a restarted master --------------------------------
+
+    def handle(self, node_id: int) -> dict[str, int]:
+        """What a later master instance needs to adopt this running node (kept in the state)."""
+        return {}
+
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, int]) -> None:
+        """Watch a node a previous master instance started; its end arrives as a NodeEvent."""
+        raise PlatformError(
+            f"{type(self).__name__} cannot adopt the nodes of a previous master yet; "
+            "a restarted master can resume jobs on the local platform only"
+        )
+
+    def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:
+        """Give out the same node addresses a previous master instance gave out."""
+        raise PlatformError(
+            f"{type(self).__name__} cannot restore a previous master's node addresses yet"
+        )

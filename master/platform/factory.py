@@ -22,7 +22,8 @@ def _create(kind: str, host: str, options: dict[str, str]) -> Platform:
     if kind == "local":
         from master.platform.local import LocalPlatform
 
-        return LocalPlatform(host=host)
+        lifeline = options.get("lifeline_fd")
+        return LocalPlatform(host=host, lifeline_fd=int(lifeline) if lifeline else None)
     if kind == "ray":
         from master.platform.ray_platform import RayPlatform
 

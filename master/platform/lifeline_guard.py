@@ -1,7 +1,10 @@
 """Run a node's command so that its whole process group dies with the Ray actor that owns it.
 
-Usage: python -m master.platform.lifeline_guard LIFELINE_FD -- COMMAND...
-LIFELINE_FD is the read end of a pipe whose write end only the actor holds.
+Usage: python -m master.platform.lifeline_guard LIFELINE_FD [--exit-file PATH] -- COMMAND...
+LIFELINE_FD is the read end of a pipe whose write end only the owner (a Ray actor, or the
+`dlrover submit` supervisor of a local job) holds. With --exit-file, the command's exit status
+is written there before the guard ends, for a master that adopted the node and cannot wait()
+for it.
 """
 
 from __future__ import annotations
@@ -36,8 +39,15 @@ def _guard_main(argv: Sequence[str]) -> None:
     there to take the group down. The guard ends the way the command ended (same exit code
     or same signal), which is what the actor's wait() reports.
     """
+    argv = list(argv)
+    exit_file = ""
+    if len(argv) > 2 and argv[1] == "--exit-file":
+        exit_file = argv[2]
+        del argv[1:3]
     if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write(f"usage: python -m {GUARD_MODULE} LIFELINE_FD -- COMMAND...\n")
+        sys.stderr.write(
+            f"usage: python -m {GUARD_MODULE} LIFELINE_FD [--exit-file PATH] -- COMMAND...\n"
+        )
         os._exit(2)
     lifeline, command = int(argv[0]), list(argv[2:])
     if os.fork() == 0:
@@ -51,12 +61,33 @@ def _guard_main(argv: Sequence[str]) -> None:
     except OSError as e:
         sys.stderr.write(f"cannot run {command[0]!r}: {e}\n")
         sys.stderr.flush()
+        write_exit_file(exit_file, EXIT_CANNOT_RUN)
         os._exit(EXIT_CANNOT_RUN)
     code = child.wait()
+    write_exit_file(exit_file, code)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code if code >= 0 else 128 - code)
+
+
+def write_exit_file(path: str, code: int) -> None:
+    """Record the command's exit status (negative: killed by that signal), atomically."""
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(code))
+    os.replace(tmp, path)
+
+
+def read_exit_file(path: str) -> int | None:
+    """The exit status a guard recorded, or None if it recorded none (it was SIGKILLed)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _sentinel(lifeline: int) -> None:

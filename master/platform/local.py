@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import subprocess
@@ -14,7 +16,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.platform.lifeline_guard import GUARD_MODULE, read_exit_file
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +74,51 @@ def read_tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
         return ""
 
 
+class AdoptedProcess:
+    """A node process this master did not start (it outlived the previous master instance).
+
+    Its exit is seen through a pidfd; its status comes from the exit file its lifeline guard
+    writes (none means the guard itself was SIGKILLed).
+    """
+
+    def __init__(self, pid: int, exit_file: str) -> None:
+        self.pid = pid
+        self.exit_file = exit_file
+        self.returncode: int | None = None
+        self._pidfd: int | None = None
+        try:
+            if pid > 0:
+                self._pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
+        if self._pidfd is None:
+            self._finish()  # it ended while no master watched it
+
+    def _finish(self) -> int:
+        if self.returncode is None:
+            code = read_exit_file(self.exit_file)
+            self.returncode = code if code is not None else -signal.SIGKILL
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the process ends (subprocess.TimeoutExpired after `timeout`)."""
+        if self.returncode is not None:
+            return self.returncode
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        if not poller.poll(None if timeout is None else int(timeout * 1000)):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+        # The guard writes its exit file just before it ends; it is there once we see the end.
+        return self._finish()
+
+
 @dataclass
 class _Running:
     spec: NodeLaunchSpec
-    proc: subprocess.Popen
+    proc: subprocess.Popen | AdoptedProcess
     pgid: int
     stop_requested: bool = False
 
@@ -82,17 +126,22 @@ class _Running:
 class LocalPlatform(Platform):
     """Runs nodes as local processes; every process group is killed when the platform stops.
 
-    Processes are started from one long-lived launcher thread, so the orphan guard
-    (PR_SET_PDEATHSIG, which fires when the launching *thread* ends) only fires
-    when the master itself goes away.
+    Without a lifeline, processes are started from one long-lived launcher thread, so the
+    orphan guard (PR_SET_PDEATHSIG, which fires when the launching *thread* ends) only fires
+    when the master itself goes away. With `lifeline_fd` (the read end of a pipe whose write end
+    the `dlrover submit` supervisor holds) nodes outlive this master and die with the
+    supervisor instead, so a restarted master can adopt them.
     """
 
     inherits_master_env = True
 
-    def __init__(self, host: str = "127.0.0.1", orphan_guard: bool = True) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", orphan_guard: bool = True, lifeline_fd: int | None = None
+    ) -> None:
         super().__init__()
         self.host = host
         self.orphan_guard = orphan_guard
+        self.lifeline_fd = lifeline_fd
         self._ports: dict[tuple[str, int], int] = {}
         self._running: dict[int, _Running] = {}
         self._pgids: set[int] = set()
@@ -135,10 +184,18 @@ class LocalPlatform(Platform):
 
     def _start(self, spec: NodeLaunchSpec) -> None:
         command = list(spec.command)
-        if self.orphan_guard and sys.platform.startswith("linux"):
+        pass_fds: tuple[int, ...] = ()
+        if self.lifeline_fd is not None:
+            exit_file = exit_file_for(spec)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(exit_file)
+            guard = [sys.executable, "-m", GUARD_MODULE, str(self.lifeline_fd)]
+            command = [*guard, "--exit-file", exit_file, "--", *command]
+            pass_fds = (self.lifeline_fd,)
+        elif self.orphan_guard and sys.platform.startswith("linux"):
             guard = [sys.executable, "-m", "master.platform.pdeathsig", str(os.getpid()), "--"]
             command = guard + command
-        proc = spawn_logged(spec, command, dict(spec.env), "")
+        proc = spawn_logged(spec, command, dict(spec.env), "", pass_fds=pass_fds)
         run = _Running(spec=spec, proc=proc, pgid=proc.pid)
         with self._lock:
             self._running[spec.id] = run
@@ -151,7 +208,8 @@ class LocalPlatform(Platform):
     def _reap(self, run: _Running) -> None:
         code = run.proc.wait()
         # Anything the node left behind in its group goes with it.
-        kill_process_group(run.pgid, signal.SIGKILL)
+        if run.pgid:
+            kill_process_group(run.pgid, signal.SIGKILL)
         with self._lock:
             self._running.pop(run.spec.id, None)
         tail = read_tail(run.spec.log_path) if code != 0 else ""
@@ -164,6 +222,40 @@ class LocalPlatform(Platform):
                 message=tail,
             )
         )
+
+    def handle(self, node_id: int) -> dict[str, int]:
+        """What a later master needs to adopt the node: the pid of its process-group leader."""
+        with self._lock:
+            run = self._running.get(node_id)
+        return {"pid": run.pgid} if run is not None else {}
+
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, int]) -> None:
+        """Watch a node started by a previous master; its end arrives as a NodeEvent."""
+        if self.lifeline_fd is None:
+            raise PlatformError(
+                "the local platform adopts nodes only when supervised (dlrover submit); "
+                "this master was started without a lifeline"
+            )
+        pid = int(handle.get("pid", 0))
+        exit_file = exit_file_for(spec)
+        if pid <= 0 or not _is_guard_of(pid, exit_file):
+            pid = 0  # gone, or the pid now belongs to another process
+        proc = AdoptedProcess(pid, exit_file)
+        run = _Running(spec=spec, proc=proc, pgid=pid)
+        with self._lock:
+            if pid:
+                self._running[spec.id] = run
+                self._pgids.add(pid)
+        log.info("adopted %s-%d id=%d pid=%d", spec.type, spec.rank, spec.id, pid)
+        threading.Thread(
+            target=self._reap, args=(run,), name=f"reap-{spec.id}", daemon=True
+        ).start()
+
+    def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:
+        """Reuse the addresses a previous master gave out: running nodes know them."""
+        with self._lock:
+            for key, addr in addresses.items():
+                self._ports[key] = int(addr.rsplit(":", 1)[1])
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
         with self._lock:
@@ -209,6 +301,21 @@ class LocalPlatform(Platform):
             except subprocess.TimeoutExpired:
                 log.error("process %d did not die after SIGKILL", run.proc.pid)
         self._launch_queue.put(None)
+
+
+def exit_file_for(spec: NodeLaunchSpec) -> str:
+    """Where a supervised node's guard records its exit status."""
+    return spec.log_path + ".exit"
+
+
+def _is_guard_of(pid: int, exit_file: str) -> bool:
+    """Whether pid is still the lifeline guard writing `exit_file` (pids get reused)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return GUARD_MODULE.encode() in argv and exit_file.encode() in argv
 
 
 def kill_process_group(pgid: int, sig: int) -> bool:

@@ -138,6 +138,8 @@ class ShardingService:
                 if remaining <= 0 or self._closed.is_set():
                     return ShardGrant(ShardStatus.PENDING)
                 entry.cond.wait(remaining)
+        # Durable before the node learns of it: a restarted master must know who holds it.
+        self._persist(entry, force=True)
         # Pure in (spec, shard): computed outside the lock.
         return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
 
@@ -151,6 +153,10 @@ class ShardingService:
             entry.dirty = True
             if completed and entry.ledger.finished:
                 entry.cond.notify_all()
+        if completed:
+            # A finished shard is never reported again: make its end durable now. Partial
+            # progress may lag by one flush; nodes re-send it after a master restart.
+            self._persist(entry, force=True)
 
     def release(self, name: str, holder: int) -> int:
         """Re-queue the unconsumed remainder of the holder's shards of one dataset."""
