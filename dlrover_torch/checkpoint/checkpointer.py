@@ -188,6 +188,11 @@ class Checkpointer:
         self.close()
 
     # ---- internals ---------------------------------------------------------------------
+    def _service_process(self) -> Any:
+        """The standalone service's Popen (tests and diagnostics); None under an agent."""
+        self._client_ready.wait()
+        return self._client.proc if self._client is not None else None
+
     def _spawn_service(self, namespace: str) -> None:
         try:
             self._client = ServiceClient.spawn(namespace)

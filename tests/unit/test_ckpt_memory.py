@@ -13,7 +13,7 @@ from dlrover_torch.checkpoint import layout, shm
 from dlrover_torch.checkpoint.errors import CapacityError
 from dlrover_torch.checkpoint.memory import MemoryStore
 from dlrover_torch.checkpoint.preflight import check_shm
-from tests.unit.ckpt_helpers import assert_same, training_state
+from tests.unit.ckpt_helpers import assert_same, mount_small_tmpfs, training_state
 
 
 @pytest.fixture
@@ -93,11 +93,8 @@ def test_other_rank_or_world_is_not_loaded(store):
 def small_shm(tmp_path):
     mnt = tmp_path / "shm"
     mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    if mount_small_tmpfs(str(mnt)) is None:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield str(mnt)
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
