@@ -154,15 +154,16 @@ class ShardedDataset:
         options.deterministic = True
         return ds.prefetch(prefetch).with_options(options)
 
-    def step_done(self, global_step: int = 0) -> None:
-        """Report that one training step consumed the oldest produced batch.
+    def step_done(self, global_step: int = 0, loss: float | None = None) -> None:
+        """Report that one training step consumed the oldest produced batch (and its loss,
+        which the master's dashboard charts).
 
         Reports go out on a progress stream: no round trip per step, and the report of
         step n is on the wire before step n+1 runs (see master.client.ProgressStream).
         """
         segments = self.tracker.consume()
         if segments:
-            self._progress.send(self.name, segments, global_step)
+            self._progress.send(self.name, segments, global_step, loss)
 
     def flush(self) -> None:
         """Wait until the master has applied every report sent so far."""

@@ -41,7 +41,8 @@ class ShardProgressCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None) -> None:
         # A local count: reading optimizer.iterations would cost a PS round trip per batch.
         self._steps += 1
-        self._dataset.step_done(self._steps)
+        loss = (logs or {}).get("loss")
+        self._dataset.step_done(self._steps, None if loss is None else float(loss))
 
     def on_train_end(self, logs=None) -> None:
         self._dataset.flush()

@@ -227,14 +227,21 @@ class MasterClient:
         return self._call(self._stub.GetShard, req, timeout=self.call_timeout + wait_ms / 1000)
 
     def _progress_request(
-        self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int
+        self,
+        dataset: str,
+        reports: Iterable[tuple[int, int]],
+        global_step: int,
+        loss: float | None = None,
     ) -> data_pb2.ReportProgressRequest:
-        return data_pb2.ReportProgressRequest(
+        request = data_pb2.ReportProgressRequest(
             node=self._node_pb(),
             dataset=dataset,
             reports=[data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in reports],
             global_step=global_step,
         )
+        if loss is not None:
+            request.loss = loss
+        return request
 
     def report_progress(
         self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int = 0
@@ -365,15 +372,21 @@ class ProgressStream:
             self._enqueued += 1
         self._queue.put(request)
 
-    def send(self, dataset: str, reports: Iterable[tuple[int, int]], global_step: int = 0) -> None:
-        """Queue one step's report once the previous one is on the wire."""
+    def send(
+        self,
+        dataset: str,
+        reports: Iterable[tuple[int, int]],
+        global_step: int = 0,
+        loss: float | None = None,
+    ) -> None:
+        """Queue one step's report (and its loss, if given) once the previous one is on the wire."""
         if self._future is None or self._future.done():
             self._open()
         self._wait_sent()
         reports = list(reports)
         self._progress.setdefault(dataset, {}).update(reports)
         self._global_step = max(self._global_step, global_step)
-        self._put(self._client._progress_request(dataset, reports, global_step))
+        self._put(self._client._progress_request(dataset, reports, global_step, loss))
         if not self._flowing:
             # A new stream (first use, or the master restarting) may not be connected yet:
             # keep the one-batch bound by waiting for this report itself to go out.

@@ -119,6 +119,7 @@ class JobMaster:
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
+        self.last_loss: float | None = None  # the latest training loss a node reported
         self.event_log = EventLog(
             os.path.join(runtime.run_dir, EVENTS_FILE) if runtime.run_dir else ""
         )
@@ -212,6 +213,10 @@ class JobMaster:
         with self._lock:
             if step > self.global_step:
                 self.global_step = step
+
+    def note_loss(self, loss: float) -> None:
+        """A node reported its step's training loss (charted by the dashboard)."""
+        self.last_loss = loss
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started

@@ -200,6 +200,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.job.nodes.note_progress(node)
         if request.global_step:
             self.job.note_global_step(request.global_step)
+        if request.HasField("loss"):
+            self.job.note_loss(request.loss)
         return data_pb2.ReportProgressReply(applied=len(reports))
 
     @_guard
@@ -230,6 +232,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         log.info("skipped a stale progress report: %s", e)
                 if request.global_step:
                     self.job.note_global_step(request.global_step)
+                if request.HasField("loss"):
+                    self.job.note_loss(request.loss)
         finally:
             if node_id is not None:
                 streams.closed(node_id)

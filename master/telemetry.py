@@ -89,7 +89,7 @@ class JobTelemetry:
             global_step=self.job.global_step,
             records_done=sum(datasets.values()),
             datasets=datasets,
-            loss=getattr(self.job, "last_loss", None),
+            loss=self.job.last_loss,
         )
         with self._lock:
             base = None

@@ -53,7 +53,7 @@ def main() -> int:
             time.sleep(step_seconds)
             out.write(np.asarray(batch, dtype=np.int64).tobytes())
             steps += 1
-            ds.step_done(steps)
+            ds.step_done(steps, loss=0.2 + 2.0 / (1.0 + steps / 50.0))  # a falling "loss"
             if hang_at and steps == hang_at and _first_to_hang(ids_dir):
                 time.sleep(3600)
     ds.close()
