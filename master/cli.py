@@ -164,9 +164,12 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     from master.supervisor import MasterSupervisor
 
     run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
-    port = args.port or free_port(args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1")
-    # Later options win in argparse: the child and every restart share this run dir and port.
+    host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    port = args.port or free_port(host)
+    metrics_port = spec.metrics_port or free_port(host)  # the dashboard URL survives restarts
+    # Later options win in argparse: the child and every restart share this run dir and ports.
     child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
+    child += ["--metrics-port", str(metrics_port)]
     return MasterSupervisor(child, run_dir, sys.stdout).run()
 
 
