@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +38,8 @@ from dlrover_torch.worker_pool import (
 
 log = logging.getLogger(__name__)
 
+MEMBERSHIP_POLL_SECONDS = 0.05
+
 # Called with a one-line reason right before a running worker group is stopped (failure, hang,
 # membership change, SIGTERM, end of run). Flash checkpoint registers "persist the latest
 # in-memory checkpoint" here.
@@ -53,10 +56,12 @@ class AgentConfig:
 
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
-    spare_refill_delay_seconds: float = 2.0
+    spare_refill_delay_seconds: float = 0.5
     preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
     python: str = sys.executable
     host_worker_store: bool = True
+    membership_grace_seconds: float = 1.0
+    lost_node_wait_seconds: float = 12.0  # the rendezvous lease (10 s by default) and a margin
 
 
 class NodeCheck:
@@ -277,13 +282,50 @@ class DLRoverElasticAgent(LocalElasticAgent):
         elif result.state == WorkerState.FAILED:
             ranks = sorted(result.failures)
             codes = [result.failures[r].exitcode for r in ranks]
-            self.reporter.event(
-                "worker_failure",
-                f"worker(s) with global rank {ranks} failed with exit code(s) {codes}",
-                group_rank=worker_group.group_rank,
-            )
+            if self._caused_by_membership_change(worker_group, codes):
+                # Another node restarted first or a node was lost: re-rendezvous like a
+                # membership change (torch's loop does so when the group looks healthy and
+                # nodes are waiting), without spending a restart of this node.
+                self._stop_reason = "membership change: a peer node restarted or was lost"
+                self.reporter.event(
+                    "membership",
+                    f"local workers {ranks} failed (exit codes {codes}) after a peer node "
+                    "restarted or was lost; re-rendezvous without counting a restart",
+                    group_rank=worker_group.group_rank,
+                )
+                result = RunResult(state=WorkerState.HEALTHY)
+            else:
+                self.reporter.event(
+                    "worker_failure",
+                    f"worker(s) with global rank {ranks} failed with exit code(s) {codes}",
+                    group_rank=worker_group.group_rank,
+                )
         self._last_state = result.state
         return result
+
+    def _caused_by_membership_change(self, worker_group: WorkerGroup, codes: list[int]) -> bool:
+        """Whether a local failure followed a peer node's restart or loss, not a local fault.
+
+        A local worker killed by a signal (other than the agent's own SIGTERM) is a local fault.
+        Otherwise the workers may have died of a broken connection to a peer: wait briefly for
+        the rendezvous to show a node waiting (a peer agent restarting its group re-joins at
+        once). When no restart is left, also wait out the lease so a lost node shows up.
+        """
+        if not worker_group.group_world_size or worker_group.group_world_size < 2:
+            return False
+        if any(c < 0 and c != -signal.SIGTERM for c in codes):
+            return False
+        wait = self.config.membership_grace_seconds
+        if self._remaining_restarts <= 0:
+            wait += self.config.lost_node_wait_seconds
+        handler = worker_group.spec.rdzv_handler
+        deadline = time.monotonic() + wait
+        while True:
+            if handler.num_nodes_waiting() > 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(MEMBERSHIP_POLL_SECONDS)
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         previous_nodes = worker_group.group_world_size

@@ -179,7 +179,12 @@ def build_agent(
         spec,
         logs_specs,
         command=cfg.command,
-        config=AgentConfig(hang=cfg.hang, spare_workers=cfg.spare_workers, python=cfg.python),
+        config=AgentConfig(
+            hang=cfg.hang,
+            spare_workers=cfg.spare_workers,
+            python=cfg.python,
+            lost_node_wait_seconds=float(cfg.rdzv_configs.get("lease_timeout", 10)) + 2.0,
+        ),
         reporter=rdzv.reporter,
         node_check=node_check,
         start_method=cfg.start_method,

@@ -47,7 +47,7 @@ class SparePool:
         size: int,
         python: str = sys.executable,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
-        refill_delay_seconds: float = 2.0,
+        refill_delay_seconds: float = 0.5,
     ) -> None:
         self.size = size
         self._python = python
