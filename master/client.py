@@ -105,6 +105,9 @@ class MasterClient:
         self.call_timeout = call_timeout
         self.retry_seconds = retry_seconds
         self._metadata = ((TOKEN_METADATA_KEY, token),)
+        self._lock = threading.Lock()
+        # Random start: several clients of one node never reuse each other's ask ids.
+        self._ask_id = random.getrandbits(48)
         self._channel = grpc.insecure_channel(
             addr,
             options=[
@@ -223,7 +226,14 @@ class MasterClient:
         return self._call(self._stub.CreateDataset, req).created
 
     def get_shard(self, dataset: str, wait_ms: int = 0) -> data_pb2.GetShardReply:
-        req = data_pb2.GetShardRequest(node=self._node_pb(), dataset=dataset, wait_ms=wait_ms)
+        # One id per ask, the same for its retries: a retry whose first answer was lost gets
+        # the shard that answer carried instead of leaving it stranded.
+        with self._lock:
+            self._ask_id += 1
+            ask = self._ask_id
+        req = data_pb2.GetShardRequest(
+            node=self._node_pb(), dataset=dataset, wait_ms=wait_ms, request_id=ask
+        )
         return self._call(self._stub.GetShard, req, timeout=self.call_timeout + wait_ms / 1000)
 
     def _progress_request(

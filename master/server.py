@@ -169,7 +169,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         node = self._node(request.node)
         if not 0 <= request.wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {request.wait_ms}")
-        grant = self.job.sharding.get_shard(request.dataset, node.id, request.wait_ms / 1000)
+        if request.request_id < 0:
+            raise ValueError(f"request_id must be >= 0, got {request.request_id}")
+        grant = self.job.sharding.get_shard(
+            request.dataset, node.id, request.wait_ms / 1000, request.request_id
+        )
         if grant.status == ShardStatus.SHARD:
             self.job.nodes.note_progress(node, stepped=False)
             s = grant.shard

@@ -40,14 +40,16 @@ class CreateDatasetReply(_message.Message):
     def __init__(self, created: bool = ...) -> None: ...
 
 class GetShardRequest(_message.Message):
-    __slots__ = ("node", "dataset", "wait_ms")
+    __slots__ = ("node", "dataset", "wait_ms", "request_id")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.NodeRef
     dataset: str
     wait_ms: int
-    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., wait_ms: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("shard_id", "epoch", "start", "end", "record_indices")

@@ -128,6 +128,7 @@ class _Lease:
     holder: int
     shard: Shard
     consumed: int = 0
+    request_id: int = 0  # the holder's id for the ask that got this shard (0: none given)
 
 
 @dataclass
@@ -162,7 +163,16 @@ class DatasetLedger:
 
     # Handing out and taking back.
 
-    def next_shard(self, holder: int) -> Shard | None:
+    def granted(self, holder: int, request_id: int) -> Shard | None:
+        """The shard already handed to `holder` for ask `request_id` (a retried ask), if any."""
+        if request_id <= 0:
+            return None
+        for lease in self._by_holder.get(holder, {}).values():
+            if lease.request_id == request_id:
+                return lease.shard
+        return None
+
+    def next_shard(self, holder: int, request_id: int = 0) -> Shard | None:
         """Hand the front of todo to `holder`; None when todo is empty and no epoch is left."""
         _check_holder(holder)
         if not self._todo:
@@ -181,7 +191,7 @@ class DatasetLedger:
         self._next_shard_id += 1
         if front.redo:
             self._records_redone += shard.size
-        self._add_lease(_Lease(holder, shard))
+        self._add_lease(_Lease(holder, shard, request_id=request_id))
         return shard
 
     def record_indices(self, shard: Shard) -> list[int]:
@@ -309,6 +319,7 @@ class DatasetLedger:
                     "start": lease.shard.start,
                     "end": lease.shard.end,
                     "consumed": lease.consumed,
+                    "request_id": lease.request_id,
                 }
                 for _, lease in sorted(self._doing.items())
             ],
@@ -463,7 +474,11 @@ def _restore(cls: type[DatasetLedger], data: dict[str, Any]) -> DatasetLedger:
         start = _field(item, "start", 0, size - 1, where)
         end = _field(item, "end", start + 1, size, where)
         consumed = _field(item, "consumed", 0, end - start - 1, where)
-        ledger._add_lease(_Lease(holder, Shard(shard_id, s_epoch, start, end), consumed))
+        request_id = item.get("request_id", 0)
+        if not _is_int(request_id) or request_id < 0:
+            raise fail(f"{where}request_id={request_id!r} is not an integer >= 0")
+        shard = Shard(shard_id, s_epoch, start, end)
+        ledger._add_lease(_Lease(holder, shard, consumed, request_id))
         open_ranges.append((s_epoch, start + consumed, end))
     open_ranges.sort()
     open_per_epoch = dict.fromkeys(range(epoch + 1), 0)

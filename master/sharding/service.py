@@ -121,14 +121,21 @@ class ShardingService:
 
     # -- shards -------------------------------------------------------------
 
-    def get_shard(self, name: str, holder: int, wait_seconds: float = 0.0) -> ShardGrant:
-        """Next shard for `holder`; waits up to wait_seconds while others still hold shards."""
+    def get_shard(
+        self, name: str, holder: int, wait_seconds: float = 0.0, request_id: int = 0
+    ) -> ShardGrant:
+        """Next shard for `holder`; waits up to wait_seconds while others still hold shards.
+
+        A repeated `request_id` gets the shard that ask already got (its answer was lost)."""
         entry = self._entry(name)
         deadline = time.monotonic() + max(0.0, wait_seconds)
         with entry.cond:
+            again = entry.ledger.granted(holder, request_id)
+            if again is not None:
+                return ShardGrant(ShardStatus.SHARD, again, entry.ledger.record_indices(again))
             while True:
                 ledger = entry.ledger
-                shard = ledger.next_shard(holder)
+                shard = ledger.next_shard(holder, request_id)
                 if shard is not None:
                     entry.dirty = True
                     break

@@ -154,3 +154,26 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     extra = int((counts - EPOCHS).sum())
     # Trained twice: exactly what was rolled back, up to one in-flight batch per trainer.
     assert abs(extra - redo) <= 3 * BATCH, (extra, redo)
+
+
+def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path):
+    ids = write_job(tmp_path, eval_records=1024)
+    summary_path = tmp_path / "s.json"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--kill", "master:0@40%", "--summary-json", str(summary_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "master died (killed by SIGKILL); restarting it" in proc.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    # No healthy node was relaunched: one incarnation per node, none failed.
+    assert sorted((n["type"], n["rank"], n["relaunches"]) for n in summary["nodes"]) == [
+        ("chief", 0, 0),
+        ("ps", 0, 0),
+        ("worker", 0, 0),
+        ("worker", 1, 0),
+    ]
+    assert "master_restarted" in [e["kind"] for e in summary["events"]]
+    # No node died, so no record was trained more than `epochs` times.
+    check_trained_ids(ids, RECORDS, extra_batches=0)

@@ -147,3 +147,20 @@ def test_an_older_master_instance_is_fenced_out(tmp_path, spec):
         for p in platforms:
             p.shutdown(1)
         store.close()
+
+
+def test_a_retried_shard_ask_gets_the_same_shard_and_a_new_ask_another(harness):
+    from master.pb import data_pb2
+
+    c = harness.client(0)
+    spec = data_pb2.DatasetSpec(name="d", size=100, batch_size=10, epochs=1, records_per_shard=10)
+    c.create_dataset(spec)
+    ask = data_pb2.GetShardRequest(node=c._node_pb(), dataset="d", request_id=7)
+    # The same request twice: as a client retries when the first answer was lost.
+    first = c._call(c._stub.GetShard, ask).shard
+    again = c._call(c._stub.GetShard, ask).shard
+    assert (again.shard_id, again.record_indices) == (first.shard_id, first.record_indices)
+    other = c.get_shard("d").shard
+    assert other.shard_id != first.shard_id
+    [stats] = harness.job.sharding.stats()
+    assert stats.records_doing == first.end - first.start + other.end - other.start

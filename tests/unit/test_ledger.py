@@ -674,3 +674,27 @@ def test_spec_is_frozen() -> None:
     assert replace(base, epochs=2).epochs == 2
     with pytest.raises(AttributeError):
         base.epochs = 3  # type: ignore[misc]
+
+
+def test_a_retried_ask_finds_the_shard_its_lost_answer_carried() -> None:
+    ledger = DatasetLedger(spec())
+    first = ledger.next_shard(1, request_id=41)
+    assert ledger.granted(1, 41) == first
+    assert ledger.granted(1, 42) is None  # another ask
+    assert ledger.granted(2, 41) is None  # another holder
+    assert ledger.granted(1, 0) is None  # no id given: never matched
+    # A master restarted from the snapshot still knows which ask got the shard.
+    restored = DatasetLedger.from_snapshot(json_roundtrip(ledger.snapshot()), requeue_doing=False)
+    assert restored.granted(1, 41) == first
+    assert restored.records_doing() == first.size
+    restored.report(1, first.shard_id, first.size)
+    assert restored.granted(1, 41) is None  # finished: a late retry must not get it again
+
+
+def test_snapshot_with_a_bad_request_id_is_refused() -> None:
+    ledger = DatasetLedger(spec())
+    ledger.next_shard(1, request_id=3)
+    data = json_roundtrip(ledger.snapshot())
+    data["doing"][0]["request_id"] = -1
+    with pytest.raises(LedgerError, match="request_id=-1"):
+        DatasetLedger.from_snapshot(data, requeue_doing=False)
