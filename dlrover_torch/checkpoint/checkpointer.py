@@ -88,6 +88,8 @@ class Checkpointer:
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
         self._disk_checked = False
+        # The service's report of each finished persist (step, seconds, bytes, cpu_seconds, ...).
+        self.persist_reports: list[dict[str, Any]] = []
         address = service_address or env.service_address_from_env()
         self._agent_mode = address is not None
         if address is not None:
@@ -282,6 +284,7 @@ class Checkpointer:
             except CheckpointError as exc:
                 self._failures.append(f"step {p.step}: {exc}")
                 continue
+            self.persist_reports.append({"step": p.step, **reply})
             if not reply.get("ok"):
                 self._failures.append(f"step {p.step}: {reply.get('error')}")
             elif reply.get("skipped"):
