@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
         s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
         s.add_argument(
+            "--brain",
+            default="",
+            metavar="LOCATION",
+            help="job history to learn from and record to: a SQLite file, or the http:// URL of "
+            "`dlrover brain serve`; 'off' for none (default: WORKDIR/runs/brain.sqlite)",
+        )
+        s.add_argument(
             "--metrics-port",
             type=int,
             default=None,
@@ -69,6 +76,22 @@ def _parser() -> argparse.ArgumentParser:
                 "(default: dlrover-elastic:latest)",
             )
 
+    br = sub.add_parser("brain", help="the job-history Brain: serve it, or ask it about a job")
+    br_sub = br.add_subparsers(dest="brain_cmd", required=True)
+    serve = br_sub.add_parser("serve", help="serve the Brain over HTTP for many masters")
+    serve.add_argument(
+        "--db",
+        required=True,
+        metavar="LOCATION",
+        help="its history: a SQLite file, or a postgresql:// URL",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=0, help="port (0: any free port)")
+    ask = br_sub.add_parser("propose", help="what the Brain proposes for the next run of a job")
+    ask.add_argument("job_yaml", help="the job spec")
+    ask.add_argument(
+        "--brain", default="", metavar="LOCATION", help="as for submit (default: the workdir's)"
+    )
     st = sub.add_parser("status", help="print the status of a running job (--watch: live view)")
     st.add_argument(
         "--watch",
@@ -101,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return _scale(args)
     if args.cmd == "logs":
         return _logs(args)
+    if args.cmd == "brain":
+        return _brain(args)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.cmd == "master" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -139,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         platform=args.platform,
         platform_options=_platform_options(args),
         resume=args.resume,
+        brain=_brain_location(args.brain, spec),
     )
     try:
         return run_job(spec, opts)
@@ -171,6 +197,42 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
     child += ["--metrics-port", str(metrics_port)]
     return MasterSupervisor(child, run_dir, sys.stdout).run()
+
+
+def _brain_location(given: str, spec) -> str:
+    from master.brain.client import default_location
+
+    return given or default_location(spec)
+
+
+def _brain(args: argparse.Namespace) -> int:
+    """`dlrover brain serve` and `dlrover brain propose`."""
+    import json
+
+    from master.brain.client import Brain, BrainError, open_history
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        if args.brain_cmd == "serve":
+            from master.brain.service import BrainService
+
+            service = BrainService(open_history(args.db), args.host, args.port)
+            print(f"brain serving {args.db} at http://{args.host}:{service.port}", flush=True)
+            try:
+                service.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            return 0
+        spec = load_job_spec(args.job_yaml)
+        brain = Brain(_brain_location(args.brain, spec))
+        try:
+            print(json.dumps(brain.propose(spec).to_dict(), indent=2))
+        finally:
+            brain.close()
+        return 0
+    except (SpecError, BrainError, ValueError, OSError) as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _admin_client(args: argparse.Namespace):

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from master.brain.client import consult as consult_brain
+from master.brain.client import report as report_to_brain
 from master.client import ENV_JOB_TOKEN_FILE, read_token
 from master.config import JobSpec, MasterConfig
 from master.events import INCIDENT_KINDS, ROUTINE_KINDS
@@ -50,6 +52,7 @@ class SubmitOptions:
     platform: str = "local"
     platform_options: Mapping[str, str] = field(default_factory=dict)
     resume: bool = False  # continue the job recorded in run_dir (a restarted master)
+    brain: str = ""  # job history: a SQLite path or a Brain service URL; "" or "off": none
 
 
 def default_run_dir(spec: JobSpec) -> str:
@@ -210,6 +213,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg = replace(cfg, job_token=read_token({ENV_JOB_TOKEN_FILE: token_file}))
     else:
         token_file = write_token(run_dir, cfg.job_token)
+    spec, brain, brain_notes = consult_brain(spec, opts.brain)
     store = SQLiteStateStore(cfg.state_path)
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
@@ -246,6 +250,8 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         )
         for fault in opts.faults:
             out.write(f"   fault injection planned: {fault.describe()}\n")
+        for note in brain_notes:
+            out.write(f"   {note}\n")
         out.flush()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -264,6 +270,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         for s, handler in previous.items():
             signal.signal(s, handler)
         summary = build_summary(job)
+        report_to_brain(brain, job)
         store.close()
     if opts.summary_json:
         with open(opts.summary_json, "w", encoding="utf-8") as f:

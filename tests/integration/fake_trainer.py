@@ -6,10 +6,14 @@ FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (
 at start without a traceback, a failure a relaunch may fix), FAKE_RAISE (an exception at
 start-up: a deterministic user-code error), FAKE_HANG_AT_STEP (the first incarnation to reach
 that step stops stepping but keeps its heartbeat, like a deadlocked training loop),
-FAKE_SLOW_RANK=R:SECONDS (worker R sleeps that long per step: a straggler).
+FAKE_SLOW_RANK=R:SECONDS (worker R sleeps that long per step: a straggler). Run as a PS
+(`ps: {command: [python, fake_trainer.py]}`) it serves nothing and waits to be stopped;
+FAKE_PS_OOM_ONCE makes the first PS incarnation die of a MemoryError (workers wait for a PS
+that serves).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -18,15 +22,33 @@ import numpy as np
 from dlrover_tf.dataset import ShardedDataset
 
 
-def _first_to_hang(ids_dir: str) -> bool:
+def _first_to(ids_dir: str, what: str) -> bool:
+    """True for the first process of the job to ask about `what`."""
     try:
-        os.close(os.open(os.path.join(ids_dir, "hung-once"), os.O_CREAT | os.O_EXCL))
+        os.close(os.open(os.path.join(ids_dir, what), os.O_CREAT | os.O_EXCL))
         return True
     except FileExistsError:
         return False
 
 
+def fake_ps(ids_dir: str) -> int:
+    """A PS stand-in: waits for the master's SIGTERM (or dies of OOM once)."""
+    if os.environ.get("FAKE_PS_OOM_ONCE") and _first_to(ids_dir, "ps-oom-once"):
+        print("Traceback (most recent call last):\nMemoryError: fake PS out of memory", flush=True)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _first_to(ids_dir, "ps-ready")
+    while True:
+        time.sleep(3600)
+
+
 def main() -> int:
+    if os.environ["DLROVER_NODE_TYPE"] == "ps":
+        return fake_ps(os.environ["FAKE_IDS_DIR"])
+    while os.environ.get("FAKE_PS_OOM_ONCE") and not os.path.exists(
+        os.path.join(os.environ["FAKE_IDS_DIR"], "ps-ready")
+    ):
+        time.sleep(0.05)  # like TF workers, wait for a PS that serves
     if os.environ.get("FAKE_FAIL"):
         print("fatal: deliberate failure", flush=True)
         return 3
@@ -54,7 +76,7 @@ def main() -> int:
             out.write(np.asarray(batch, dtype=np.int64).tobytes())
             steps += 1
             ds.step_done(steps, loss=0.2 + 2.0 / (1.0 + steps / 50.0))  # a falling "loss"
-            if hang_at and steps == hang_at and _first_to_hang(ids_dir):
+            if hang_at and steps == hang_at and _first_to(ids_dir, "hung-once"):
                 time.sleep(3600)
     ds.close()
     return 0
