@@ -23,7 +23,14 @@ setup(
             "dlrover_torch.*",
         ]
     ),
-    install_requires=["grpcio>=1.60", "protobuf>=4.25,<5", "psutil", "pyyaml", "prometheus-client"],
+    install_requires=[
+        "grpcio>=1.60",
+        "protobuf>=4.25,<5",
+        "psutil",
+        "pyyaml",
+        "prometheus-client",
+        "cryptography",
+    ],
     extras_require={
         "tf": TF,
         "torch": TORCH,

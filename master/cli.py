@@ -56,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
             "30s (after start) or step=1000; e.g. worker:1@50%%. May repeat.",
         )
         s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
+        s.add_argument(
+            "--tls",
+            action="store_true",
+            help="serve gRPC over mutual TLS with certificates made for this job (<run dir>/tls)",
+        )
+        s.add_argument("--tls-cert", default="", help="the master's TLS certificate (PEM)")
+        s.add_argument("--tls-key", default="", help="the master's TLS private key (PEM)")
+        s.add_argument("--tls-ca", default="", help="the CA (PEM) nodes trust the master by")
         # Internal: set by the `dlrover submit` supervisor on the master it runs.
         s.add_argument("--lifeline-fd", type=int, default=-1, help=argparse.SUPPRESS)
         s.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
@@ -112,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (st, sc):
         cmd.add_argument("--addr", required=True, help="master host:port")
         cmd.add_argument("--token-file", required=True, help="the run's .job_token file")
+        cmd.add_argument("--ca-file", default="", help="TLS: the CA of a master run with --tls")
+        cmd.add_argument("--client-cert", default="", help="mutual TLS: this client's cert")
+        cmd.add_argument("--client-key", default="", help="mutual TLS: this client's key")
     return p
 
 
@@ -135,7 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.metrics_port is not None:
             spec = spec.with_overrides(metrics_port=args.metrics_port)
         faults = tuple(parse_fault(k) for k in args.kill)
-        master_config = MasterConfig(host=args.host, port=args.port)
+        master_config = MasterConfig(
+            host=args.host,
+            port=args.port,
+            tls_auto=args.tls,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
+        )
     except (SpecError, FaultSpecError, ValueError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
@@ -166,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         resume=args.resume,
         brain=_brain_location(args.brain, spec),
     )
+    from master.tls import TLSError
+
     try:
         return run_job(spec, opts)
-    except (OSError, PlatformError) as e:
+    except (OSError, PlatformError, TLSError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
 
@@ -237,9 +257,11 @@ def _brain(args: argparse.Namespace) -> int:
 
 def _admin_client(args: argparse.Namespace):
     from master.client import MasterClient, read_token
+    from master.tls import ClientTLS
 
     token = read_token({"DLROVER_JOB_TOKEN_FILE": args.token_file})
-    return MasterClient(args.addr, token, retry_seconds=2.0, call_timeout=30.0)
+    tls = ClientTLS(args.ca_file, args.client_cert, args.client_key) if args.ca_file else None
+    return MasterClient(args.addr, token, retry_seconds=2.0, call_timeout=30.0, tls=tls)
 
 
 def _scale(args: argparse.Namespace) -> int:

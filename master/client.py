@@ -27,6 +27,7 @@ from master.pb import (
     rendezvous_pb2,
     rendezvous_pb2_grpc,
 )
+from master.tls import ClientTLS, TLSError
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class MasterClient:
         node: NodeIdentity | None = None,
         call_timeout: float = 30.0,
         retry_seconds: float = 60.0,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.addr = addr
         self.node = node
@@ -108,21 +110,26 @@ class MasterClient:
         self._lock = threading.Lock()
         # Random start: several clients of one node never reuse each other's ask ids.
         self._ask_id = random.getrandbits(48)
-        self._channel = grpc.insecure_channel(
-            addr,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 2_000),
-                ("grpc.keepalive_timeout_ms", 2_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.max_pings_without_data", 0),
-                # Reconnect within a second of a restarted master coming back.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1_000),
-            ],
-        )
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", 2_000),
+            ("grpc.keepalive_timeout_ms", 2_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Reconnect within a second of a restarted master coming back.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1_000),
+        ]
+        if tls is not None:
+            try:
+                credentials = tls.credentials()  # a bad file fails here, naming itself
+            except TLSError as e:
+                raise MasterError(str(e)) from None
+            self._channel = grpc.secure_channel(addr, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(addr, options=options)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     @classmethod
@@ -146,7 +153,7 @@ class MasterClient:
                 )
             except ValueError as e:
                 raise MasterError(f"{ENV_NODE_RANK} and {ENV_NODE_ID} must be integers: {e}") from e
-        return cls(addr, read_token(env), node)
+        return cls(addr, read_token(env), node, tls=ClientTLS.from_env(env))
 
     def close(self) -> None:
         self._channel.close()

@@ -126,6 +126,12 @@ class MasterConfig:
     state_path: str = ":memory:"  # SQLite file of the job's durable state
     heartbeat_interval_seconds: float = 2.0
     max_workers: int = 128  # gRPC server threads
+    # TLS: tls_auto makes a per-job CA with mutual TLS; or give the master's cert and key
+    # and the CA that nodes must trust (server-side TLS only).
+    tls_auto: bool = False
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -147,6 +153,18 @@ class MasterConfig:
         if not self.state_path:
             raise ValueError(
                 "MasterConfig.state_path: empty. Use a file path, or ':memory:' for no durability."
+            )
+        manual = [f for f in ("tls_cert", "tls_key", "tls_ca") if getattr(self, f)]
+        if manual and self.tls_auto:
+            raise ValueError(
+                "--tls makes the job's own certificates: drop it, or drop "
+                + ", ".join("--" + f.replace("_", "-") for f in manual)
+            )
+        if manual and len(manual) != 3:
+            missing = sorted({"tls_cert", "tls_key", "tls_ca"} - set(manual))
+            raise ValueError(
+                "TLS needs --tls-cert, --tls-key and --tls-ca together (the CA nodes trust); "
+                f"missing: {', '.join('--' + f.replace('_', '-') for f in missing)}"
             )
         if not self.job_token:
             object.__setattr__(self, "job_token", secrets.token_urlsafe(32))

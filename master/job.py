@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from master.checkpoints import CheckpointRegistry
@@ -92,6 +92,7 @@ class JobRuntime:
     master_addr: str
     token_file: str
     dashboard_url: str = ""  # the master's HTTP dashboard (/metrics beneath it), once serving
+    node_env: dict[str, str] = field(default_factory=dict)  # e.g. the TLS files nodes use
 
 
 class JobMaster:
@@ -391,6 +392,7 @@ class JobMaster:
         env.update(
             {
                 ENV_MASTER_ADDR: self.runtime.master_addr,
+                **self.runtime.node_env,
                 ENV_JOB_TOKEN_FILE: self.runtime.token_file,
                 ENV_NODE_TYPE: node.type,
                 ENV_NODE_RANK: str(node.rank),

@@ -21,6 +21,7 @@ from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
 from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
+from master.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -329,10 +330,12 @@ def start_server(
     max_workers: int,
     heartbeat_interval_ms: int,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
+    tls: ServerTLS | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start the Master service on host:port (0 picks a port); returns the server and its port.
 
     `interceptors` run before the token check (e.g. RPC timing, so refused calls count too).
+    With `tls` the port speaks TLS only (mutual TLS when it names a client CA).
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
@@ -358,13 +361,16 @@ def start_server(
     add_rendezvous_service(server, job.rendezvous, node_check)
     add_kv_service(server, job.kv, node_check)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if tls is not None:
+            bound = server.add_secure_port(f"{host}:{port}", tls.credentials())
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpc >= 1.60 raises where older releases returned 0
         bound = 0
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}; choose another --port")
     server.start()
-    log.info("master listening on %s:%d", host, bound)
+    log.info("master listening on %s:%d%s", host, bound, " (TLS)" if tls else "")
     return server, bound
 
 

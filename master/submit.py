@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from master.observability import Observability
 from master.platform.factory import create_platform
 from master.server import advertised_host, job_status_pb, start_server
 from master.state.sqlite import SQLiteStateStore
+from master.tls import ClientTLS, ServerTLS, make_job_certificates
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +202,22 @@ def print_summary(summary: dict, out: TextIO) -> None:
     out.flush()
 
 
+def job_tls(cfg: MasterConfig, run_dir: str) -> tuple[ServerTLS | None, ClientTLS | None]:
+    """The master's TLS credentials and the ones its nodes get, from the TLS settings."""
+    if cfg.tls_cert:
+        return ServerTLS(cfg.tls_cert, cfg.tls_key), ClientTLS(cfg.tls_ca)
+    if not cfg.tls_auto:
+        return None, None
+    tls_dir = os.path.join(run_dir, "tls")
+    if os.path.exists(os.path.join(tls_dir, "node.key")):  # a restarted master: same CA
+        d = functools.partial(os.path.join, tls_dir)
+        return (
+            ServerTLS(d("master.pem"), d("master.key"), d("ca.pem")),
+            ClientTLS(d("ca.pem"), d("node.pem"), d("node.key")),
+        )
+    return make_job_certificates(tls_dir, [advertised_host(cfg.host)])
+
+
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
     """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success."""
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
@@ -217,7 +235,13 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     store = SQLiteStateStore(cfg.state_path)
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
-    runtime = JobRuntime(run_dir=run_dir, master_addr="", token_file=token_file)
+    server_tls, node_tls = job_tls(cfg, run_dir)
+    runtime = JobRuntime(
+        run_dir=run_dir,
+        master_addr="",
+        token_file=token_file,
+        node_env=node_tls.env() if node_tls else {},
+    )
     job = JobMaster(
         spec,
         platform,
@@ -235,6 +259,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg.max_workers,
         int(cfg.heartbeat_interval_seconds * 1000),
         interceptors=observability.interceptors(),
+        tls=server_tls,
     )
     runtime.master_addr = f"{advertised_host(cfg.host)}:{port}"
     dashboard = observability.start(advertised_host(cfg.host))
