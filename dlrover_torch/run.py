@@ -217,6 +217,20 @@ def _prepare_process_env(cfg: LaunchConfig) -> None:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
+# -- flash checkpoint (dlrover_torch/checkpoint): the agent owns the node's checkpoint shared
+# memory and persists it in the background and before a worker group is stopped.
+
+
+def _start_flash_checkpoint(resources: _Resources) -> Any:
+    """Start the node's checkpoint keeper; workers find it through DLROVER_CKPT_SERVICE."""
+    from dlrover_torch.checkpoint import AgentCheckpointKeeper
+
+    keeper = AgentCheckpointKeeper()
+    os.environ.update(keeper.start())  # at the entry point, before any worker or spare starts
+    resources.closers.append(keeper.close)
+    return keeper
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the dlrover-run console script."""
     logging.basicConfig(
@@ -231,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _prepare_process_env(cfg)
     resources = _Resources()
     try:
+        keeper = _start_flash_checkpoint(resources)
         agent = build_agent(cfg, os.environ, resources)
+        agent.on_stop.append(keeper.stop_hook)
         agent.start_spares()
         result = agent.run(cfg.role)
     except NodeExcludedError as e:

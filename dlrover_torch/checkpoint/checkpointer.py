@@ -20,7 +20,7 @@ import torch
 from dlrover_torch.checkpoint import env, layout, shm, storage
 from dlrover_torch.checkpoint.client import ServiceClient
 from dlrover_torch.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from dlrover_torch.checkpoint.memory import MemoryCopy, MemoryStore, alloc_host_buffer
+from dlrover_torch.checkpoint.memory import HostBuffer, MemoryCopy, MemoryStore
 from dlrover_torch.checkpoint.preflight import check_disk, check_shm
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ class Checkpointer:
         self._disk_checked = False
         # The service's report of each finished persist (step, seconds, bytes, cpu_seconds, ...).
         self.persist_reports: list[dict[str, Any]] = []
+        # Where the last load() found its checkpoint: "memory", "disk" or None (nothing).
+        self.last_load_source: str | None = None
         address = service_address or env.service_address_from_env()
         self._agent_mode = address is not None
         if address is not None:
@@ -149,8 +151,11 @@ class Checkpointer:
         """
         found = self._load_memory()
         if found is not None:
+            self.last_load_source = "memory"
             return found
-        return self._load_disk()
+        found = self._load_disk()
+        self.last_load_source = "disk" if found is not None else None
+        return found
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every requested persist is durable; raise if any failed."""
@@ -368,12 +373,14 @@ class Checkpointer:
         manifest = manifests[self._source_rank(writers)]
         name = storage.flash_file_name(int(manifest["rank"]))
         digest = storage.FileDigest.from_json(manifest["files"][name])
-        buf = alloc_host_buffer(digest.size)
-        storage.read_verified(os.path.join(directory, name), digest, memoryview(buf.numpy()))
-        header = shm.SlotHeader.unpack(buf[: shm.HEADER_BYTES].numpy().tobytes())
+        buf = HostBuffer(digest.size)
+        path = os.path.join(directory, name)
+        storage.read_verified(path, digest, memoryview(buf.tensor.numpy()))
+        header = shm.SlotHeader.unpack(buf.tensor[: shm.HEADER_BYTES].numpy().tobytes())
         if header is None:
-            raise CorruptCheckpointError(f"{directory}/{name}: no flash header")
-        meta = buf[header.meta_off : header.meta_off + header.meta_len].numpy().tobytes()
+            raise CorruptCheckpointError(f"{path}: no flash header")
+        meta = buf.tensor[header.meta_off : header.meta_off + header.meta_len].numpy().tobytes()
         lay, _doc = layout.decode_meta(meta)
-        data = buf[shm.HEADER_BYTES : shm.HEADER_BYTES + lay.data_bytes]
-        return layout.rebuild(lay, lambda _i, ext: layout.tensor_view(data, ext))
+        tree = layout.rebuild(lay, buf.leaf(shm.HEADER_BYTES))
+        del buf.tensor
+        return tree

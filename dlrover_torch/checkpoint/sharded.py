@@ -57,11 +57,14 @@ class ShardedCheckpointer(Checkpointer):
         copy = self._agreed_memory_copy()
         if copy is not None:
             _assign(state_dict, self.memory.read(copy), "")
+            self.last_load_source = "memory"
             log.info("restored step %d from shared memory", copy.header.step)
             return copy.header.step, state_dict
         found = self._agreed_disk_step(self._verify_step)
         if found is None:
+            self.last_load_source = None
             return None
+        self.last_load_source = "disk"
         from torch.distributed.checkpoint import load as dcp_load
 
         step = found[0]

@@ -24,7 +24,12 @@ from dlrover_torch.checkpoint import (
     storage,
 )
 from dlrover_torch.checkpoint.checkpointer import standalone_namespace
-from tests.unit.ckpt_helpers import assert_same, mount_small_tmpfs, training_state
+from tests.unit.ckpt_helpers import (
+    assert_same,
+    assert_usable_like_torch_load,
+    mount_small_tmpfs,
+    training_state,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = [sys.executable, "-m", "tests.integration.flash_ckpt_worker"]
@@ -87,8 +92,9 @@ def test_round_trip_through_memory_then_disk(ckdir):
     assert shm.slot_paths(standalone_namespace(ckdir)) == []
     ck2 = Checkpointer(ckdir)
     step, loaded = ck2.load()  # from disk, checksums verified
-    assert step == 7
+    assert step == 7 and ck2.last_load_source == "disk"
     assert_same(state, loaded)
+    assert_usable_like_torch_load(loaded)
     ck2.close()
     assert storage.read_tracker(ckdir) == 7
 
@@ -197,6 +203,7 @@ def test_agent_keeper_persists_a_killed_workers_memory_checkpoint(tmp_path, ckdi
     assert "from shared memory" not in err
 
 
+@pytest.mark.slow
 def test_ddp_ranks_agree_on_memory_or_fall_back_to_disk(tmp_path, ckdir):
     procs = [spawn(["ddp", tmp_path, rank]) for rank in (0, 1)]
     for proc in procs:
@@ -204,6 +211,7 @@ def test_ddp_ranks_agree_on_memory_or_fall_back_to_disk(tmp_path, ckdir):
         assert json.loads(out.splitlines()[-1])["ok"]
 
 
+@pytest.mark.slow
 def test_fsdp_sharded_checkpoint_is_readable_by_torch_dcp(tmp_path, ckdir):
     procs = [spawn(["fsdp", tmp_path, rank]) for rank in (0, 1)]
     for proc in procs:

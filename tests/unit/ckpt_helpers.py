@@ -71,3 +71,18 @@ def mount_small_tmpfs(path: str, size: str = "4m") -> str | None:
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True
     )
     return None if done.returncode != 0 else path
+
+
+def assert_usable_like_torch_load(tree: Any) -> None:
+    """Restored tensors own their storage (offset 0), as torch.load's do; RNG state applies."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.Tensor):
+            assert node.storage_offset() == 0
+            assert node.untyped_storage().nbytes() == node.numel() * node.element_size()
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    torch.set_rng_state(tree["rng"]["torch"])

@@ -13,7 +13,12 @@ from dlrover_torch.checkpoint import layout, shm
 from dlrover_torch.checkpoint.errors import CapacityError
 from dlrover_torch.checkpoint.memory import MemoryStore
 from dlrover_torch.checkpoint.preflight import check_shm
-from tests.unit.ckpt_helpers import assert_same, mount_small_tmpfs, training_state
+from tests.unit.ckpt_helpers import (
+    assert_same,
+    assert_usable_like_torch_load,
+    mount_small_tmpfs,
+    training_state,
+)
 
 
 @pytest.fixture
@@ -47,7 +52,9 @@ def test_save_then_reattach_in_a_new_store_reads_exactly(store):
     again = store()  # what a restarted process does: same names, fresh mappings
     copy = again.latest()
     assert copy is not None and copy.header.step == 3
-    assert_same(state, again.read(copy))
+    restored = again.read(copy)
+    assert_same(state, restored)
+    assert_usable_like_torch_load(restored)
 
 
 def test_newest_committed_slot_wins_and_alternates(store):
