@@ -231,12 +231,18 @@ def show_status(client: Any, watch_seconds: float, out: TextIO) -> int:
     from master.client import MasterError
 
     ended = ("succeeded", "failed", "stopped")
+    shown = 0
     while True:
         try:
             doc = fetch_document(client)
         except MasterError as e:
+            if shown and watch_seconds > 0:
+                # The master stops serving right after its job ends.
+                out.write(f"\nthe master stopped answering ({e.code.name if e.code else e})\n")
+                return 0
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
+        shown += 1
         screen = render_status(doc)
         if watch_seconds > 0:
             out.write(CLEAR_SCREEN + screen + f"\n(every {watch_seconds:g}s; Ctrl-C to quit)\n")

@@ -6,7 +6,8 @@ FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (
 at start without a traceback, a failure a relaunch may fix), FAKE_RAISE (an exception at
 start-up: a deterministic user-code error), FAKE_HANG_AT_STEP (the first incarnation to reach
 that step stops stepping but keeps its heartbeat, like a deadlocked training loop),
-FAKE_SLOW_RANK=R:SECONDS (worker R sleeps that long per step: a straggler). Run as a PS
+FAKE_SLOW_RANK=R:SECONDS[:once] (worker R sleeps that long per step: a straggler; with
+`once`, only its first incarnation). Run as a PS
 (`ps: {command: [python, fake_trainer.py]}`) it serves nothing and waits to be stopped;
 FAKE_PS_OOM_ONCE makes the first PS incarnation die of a MemoryError (workers wait for a PS
 that serves).
@@ -63,10 +64,15 @@ def main() -> int:
         seed=7,
     )
     step_seconds = float(os.environ.get("FAKE_STEP_SECONDS", "0.002"))
-    slow_rank, _, slow_seconds = os.environ.get("FAKE_SLOW_RANK", "").partition(":")
-    if os.environ["DLROVER_NODE_TYPE"] == "worker" and slow_rank == os.environ["DLROVER_NODE_RANK"]:
-        step_seconds = float(slow_seconds)
     ids_dir = os.environ["FAKE_IDS_DIR"]
+    slow_rank, _, slow = os.environ.get("FAKE_SLOW_RANK", "").partition(":")
+    slow_seconds, _, once = slow.partition(":")
+    if (
+        os.environ["DLROVER_NODE_TYPE"] == "worker"
+        and slow_rank == os.environ["DLROVER_NODE_RANK"]
+        and (once != "once" or _first_to(ids_dir, "slow-once"))
+    ):
+        step_seconds = float(slow_seconds)
     hang_at = int(os.environ.get("FAKE_HANG_AT_STEP", "0"))
     node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"
     steps = 0

@@ -9,7 +9,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.test_local_job import start_submit, submit, write_job
+from tests.integration.test_local_job import DLROVER, start_submit, submit, write_job
 
 
 def read_header(proc: subprocess.Popen) -> dict[str, str]:
@@ -45,20 +45,30 @@ def rpc_calls(samples: dict) -> float:
     return sum(v for (n, _), v in samples.items() if n == "dlrover_rpc_duration_seconds_count")
 
 
-def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_reported(tmp_path):
+def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_replaced(tmp_path):
     job = write_job(
         tmp_path,
         env={
             "FAKE_SIZE": "12000",
             "FAKE_EPOCHS": "1",
             "FAKE_STEP_SECONDS": "0.01",
-            "FAKE_SLOW_RANK": "1:0.08",
+            "FAKE_SLOW_RANK": "1:0.08:once",  # worker-1's first incarnation is slow
         },
         straggler_min_steps=10,
+        stragglers="replace",
     )
     proc = start_submit(job, tmp_path, "--status-interval", "0.5")
+    watch = None
     try:
         header = read_header(proc)
+        token_file = os.path.join(header["run_dir"], ".job_token")
+        watch = subprocess.Popen(
+            [*DLROVER, "status", "--addr", header["addr"], "--token-file", token_file]
+            + ["--watch", "0.2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         first = scrape(header["dashboard"])
         while value(first, "dlrover_global_step") == 0:
             first = scrape(header["dashboard"])
@@ -70,9 +80,15 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repor
         ) or rpc_calls(second) <= rpc_calls(first):
             second = scrape(header["dashboard"])
         out, _ = proc.communicate(timeout=120)
+        watched, watch_err = watch.communicate(timeout=60)
     finally:
         proc.kill()
+        if watch is not None:
+            watch.kill()
     assert proc.returncode == 0, out
+    # The live view redrew while the job ran and ended with it.
+    assert watch.returncode == 0, watch_err
+    assert watched.count("\x1b[H\x1b[2J") >= 2 and "job fake: running" in watched
     assert value(first, "dlrover_nodes", type="worker", state="running") == 2
     assert value(first, "dlrover_nodes", type="ps", state="running") == 0
     assert value(first, "dlrover_job_state", job="fake", state="running") == 1
@@ -91,10 +107,14 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repor
         events = [json.loads(line) for line in f]
     stragglers = [e for e in events if e["kind"] == "straggler"]
     assert stragglers, [e["kind"] for e in events]
-    assert {(e["node_type"], e["node_rank"]) for e in stragglers} == {("worker", 1)}
-    assert stragglers[0]["details"]["slowdown"] > 2 and stragglers[0]["details"]["action"] == (
-        "report"
-    )
+    assert [(e["node_type"], e["node_rank"]) for e in stragglers] == [("worker", 1)]
+    assert stragglers[0]["details"]["slowdown"] > 2
+    assert stragglers[0]["details"]["action"] == "replace"
+    replaced = [e for e in events if e["reason"] == "straggler" and e["kind"] != "straggler"]
+    assert [e["kind"] for e in replaced] == ["node_failed", "relaunch"]
+    assert replaced[0]["node_id"] == stragglers[0]["node_id"]
+    d = summary["datasets"]["train"]
+    assert summary["status"] == "succeeded" and d["records_done"] == d["size"] * d["epochs"]
 
 
 def test_script_raising_at_start_fails_on_first_attempt_with_the_traceback(tmp_path):
