@@ -137,11 +137,15 @@ class Checkpointer:
         persist = storage == "disk" and self.rank in self.writers
         if persist and not self._disk_checked:
             self._check_disk(lay.data_bytes + len(meta))
+        self.memory.flush()
         index = self._acquire_slot(step)
-        seq = self.memory.write(index, lay, tensors, meta, step)
-        if persist:
-            fut = self._submit_persist(self.memory.paths[index], seq)
-            self._pending.append(_Pending(step, index, fut))
+
+        def committed(seq: int) -> None:
+            if persist:
+                fut = self._submit_persist(self.memory.paths[index], seq)
+                self._pending.append(_Pending(step, index, fut))
+
+        self.memory.write(index, lay, tensors, meta, step, on_commit=committed)
 
     def load(self) -> tuple[int, Any] | None:
         """The latest ``(step, state_dict)``: from memory if every rank holds the same step.
@@ -159,6 +163,7 @@ class Checkpointer:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every requested persist is durable; raise if any failed."""
+        self.memory.flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         for pending in list(self._pending):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

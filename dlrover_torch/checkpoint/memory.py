@@ -6,6 +6,7 @@ import logging
 import math
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -120,6 +121,11 @@ class MemoryStore:
         self._meta_cap = 0
         self.seq = 0
         self.latest_index: int | None = None
+        # "auto": commit in a thread only when device copies must finish; "always": tests.
+        self.async_commit = "auto"
+        self._commit_thread: threading.Thread | None = None
+        self._commit_index: int | None = None
+        self._commit_error: BaseException | None = None
 
     # ---- attach / allocate -------------------------------------------------------------
     def attach_existing(self) -> None:
@@ -203,11 +209,26 @@ class MemoryStore:
         return None
 
     def write(
-        self, index: int, layout: Layout, tensors: list[torch.Tensor], meta: bytes, step: int
+        self,
+        index: int,
+        layout: Layout,
+        tensors: list[torch.Tensor],
+        meta: bytes,
+        step: int,
+        on_commit: Callable[[int], None] | None = None,
     ) -> int:
-        """Copy ``tensors`` into locked slot ``index`` and commit it; return the save's seq."""
+        """Copy ``tensors`` into locked slot ``index`` and commit it; return the save's seq.
+
+        Host tensors are copied before this returns. Device tensors are copied asynchronously
+        into pinned shm on the current CUDA stream (kernels queued after them, e.g. the next
+        optimizer step, run after the copies); a thread commits the slot once they are done,
+        so the next training step overlaps the device-to-host copy. ``on_commit(seq)`` runs
+        after the commit either way; ``flush`` waits for it.
+        """
+        self.flush()
         slot = self._slots[index]
         assert slot is not None
+        handed_off = False
         try:
             slot.file.begin_write()
             region = slot.region(self._data_cap)
@@ -218,10 +239,6 @@ class MemoryStore:
                 for ext, tensor in zip(layout.extents, tensors, strict=True):
                     if ext.nbytes:
                         tensor_view(region, ext).copy_(tensor.detach(), non_blocking=cuda)
-            if cuda:
-                # Device-to-host copies were queued on the current stream into pinned shm;
-                # later kernels on that stream run after them. Wait for them before committing.
-                torch.cuda.current_stream().synchronize()
             self.seq += 1
             header = shm.SlotHeader(
                 shm.STATE_COMMITTED,
@@ -235,11 +252,61 @@ class MemoryStore:
                 self.world,
                 time.time_ns(),
             )
+            done: Any = None
+            if cuda:
+                done = torch.cuda.Event()
+                done.record()
+            if cuda or self.async_commit == "always":
+                self._commit_thread = threading.Thread(
+                    target=self._finish,
+                    args=(slot, index, header, meta, done, on_commit),
+                    name="ckpt-commit",
+                    daemon=True,
+                )
+                self._commit_index = index
+                self._commit_thread.start()
+                handed_off = True
+                return self.seq
             slot.file.commit(header, meta)
             self.latest_index = index
-            return self.seq
         finally:
+            if not handed_off:
+                slot.file.unlock()
+        if on_commit is not None:
+            on_commit(self.seq)
+        return self.seq
+
+    def _finish(
+        self,
+        slot: _Slot,
+        index: int,
+        header: shm.SlotHeader,
+        meta: bytes,
+        done: Any,
+        on_commit: Callable[[int], None] | None,
+    ) -> None:
+        """Commit thread: wait for the device copies, commit, release, report."""
+        try:
+            if done is not None:
+                done.synchronize()
+            slot.file.commit(header, meta)
+            self.latest_index = index
             slot.file.unlock()
+            if on_commit is not None:
+                on_commit(header.seq)
+        except BaseException as exc:  # surfaced by flush() on the training thread
+            self._commit_error = exc
+            slot.file.unlock()
+
+    def flush(self) -> None:
+        """Wait for an asynchronous commit; raise if it failed."""
+        thread, self._commit_thread = self._commit_thread, None
+        if thread is not None:
+            thread.join()
+        self._commit_index = None
+        if self._commit_error is not None:
+            error, self._commit_error = self._commit_error, None
+            raise CheckpointError(f"committing a memory checkpoint failed: {error}") from error
 
     def _pin(self, slot: _Slot) -> None:
         """Register the slot as pinned host memory so device-to-host copies run async."""
@@ -253,6 +320,7 @@ class MemoryStore:
     # ---- read --------------------------------------------------------------------------
     def latest(self) -> MemoryCopy | None:
         """The newest committed memory checkpoint saved by this rank in a world of this size."""
+        self.flush()
         self.attach_existing()
         best: MemoryCopy | None = None
         for i, slot in enumerate(self._slots):
@@ -301,6 +369,10 @@ class MemoryStore:
 
     def close(self, unlink: bool) -> None:
         """Unmap the slots; ``unlink`` also removes the files (the memory copy is gone)."""
+        try:
+            self.flush()
+        except CheckpointError:
+            log.exception("the last memory checkpoint did not commit")
         for i, slot in enumerate(self._slots):
             if slot is not None:
                 slot.close()

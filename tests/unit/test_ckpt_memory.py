@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlrover_torch.checkpoint import layout, shm
-from dlrover_torch.checkpoint.errors import CapacityError
+from dlrover_torch.checkpoint.errors import CapacityError, CheckpointError
 from dlrover_torch.checkpoint.memory import MemoryStore
 from dlrover_torch.checkpoint.preflight import check_shm
 from tests.unit.ckpt_helpers import (
@@ -119,3 +119,30 @@ def test_too_small_shm_fails_with_the_size_needed(store, small_shm):
     with pytest.raises(CapacityError, match="only .* is free"):
         s.ensure(lay.data_bytes, 100)
     assert sum(os.path.getsize(p) for p in s.paths if os.path.exists(p)) <= 4 << 20
+
+
+def test_asynchronous_commit_path_commits_then_reports(store):
+    # The path device-to-host copies take (the commit waits in a thread); forced here on CPU.
+    s = store()
+    s.async_commit = "always"
+    seen = []
+    lay, tensors = layout.plan({"x": torch.arange(10)})
+    meta = layout.encode_meta(lay, {"step": 4})
+    s.ensure(lay.data_bytes, len(meta))
+    index = s.acquire(())
+    seq = s.write(index, lay, tensors, meta, 4, on_commit=seen.append)
+    s.flush()
+    assert seen == [seq]
+    copy = store().latest()
+    assert copy.header.step == 4 and torch.equal(s.read(copy)["x"], torch.arange(10))
+    other = shm.SlotFile.open(s.paths[index])
+    assert other.try_lock(exclusive=True)  # the commit thread released the slot
+    other.unlock()
+    other.close()
+
+    def boom(seq):
+        raise OSError("service gone")
+
+    s.write(s.acquire(()), lay, tensors, meta, 5, on_commit=boom)
+    with pytest.raises(CheckpointError, match="service gone"):
+        s.flush()
