@@ -39,6 +39,7 @@ from master.nodes.policy import (
     training_finished,
 )
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.rendezvous.rounds import Round
 from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
 from master.sharding.streams import StreamRegistry
@@ -115,7 +116,8 @@ class JobMaster:
         self.sharding = ShardingService(store)
         self.progress_streams = StreamRegistry()
         self.checkpoints = CheckpointRegistry(store)
-        self.rendezvous = RendezvousService(store)  # torch rendezvous rounds
+        # Torch rendezvous rounds; each closed round is a job event.
+        self.rendezvous = RendezvousService(store, on_round=self._on_rendezvous_round)
         self.kv = KVStore(store)  # behind the torch Store of the agents
         self.state = JobState.PENDING
         self.reason = ""
@@ -760,6 +762,20 @@ class JobMaster:
         return event
 
     _emit = emit
+
+    def _on_rendezvous_round(self, run_id: str, closed: Round) -> None:
+        """A torch rendezvous round closed (from an RPC thread): an event naming its members."""
+        members = [f"{m.type}-{m.rank}" for m in closed.members]
+        self.emit(
+            "rendezvous_round",
+            f"rendezvous {run_id!r}: round {closed.number} closed with {len(members)} nodes "
+            f"({', '.join(members)})",
+            reason="round_closed",
+            run_id=run_id,
+            round=closed.number,
+            members=members,
+            processes=sum(m.local_world_size for m in closed.members),
+        )
 
 
 def _last_line(text: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from master.rendezvous.rounds import (
     NodeKey,
     Participant,
+    Round,
     RoundConfig,
     RoundStateMachine,
     WaitResult,
@@ -38,10 +39,14 @@ class RendezvousService:
     """Rendezvous rounds keyed by run id; safe to call from many RPC threads."""
 
     def __init__(
-        self, store: StateStore | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        store: StateStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_round: Callable[[str, Round], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._on_round = on_round  # told of every round that closes (job events)
         self._cond = threading.Condition()
         self._runs: dict[str, RoundStateMachine] = {}
         if store is not None:
@@ -164,6 +169,8 @@ class RendezvousService:
         closed_round = run.advance(self._clock())
         if closed_round is not None:
             self._save(run_id, run)
+            if self._on_round is not None:
+                self._on_round(run_id, closed_round)
         if closed_round is not None or (run.number, run.joining_count) != before:
             self._cond.notify_all()
 

@@ -134,3 +134,21 @@ def test_script_raising_at_start_fails_on_first_attempt_with_the_traceback(tmp_p
     failed = [e for e in summary["events"] if e["kind"] == "node_failed"]
     assert failed[0]["reason"] == "user_error" and failed[0]["details"]["deterministic"] is True
     assert "relaunch" not in {e["kind"] for e in summary["events"]}
+
+
+def test_a_closed_rendezvous_round_is_a_job_event(harness, tmp_path):
+    from tests.integration.test_master_rendezvous import make_handler, rendezvous_all
+
+    made = [make_handler(harness.client(i)) for i in range(3)]
+    try:
+        rendezvous_all(made)
+    finally:
+        for h in made:
+            h.shutdown()
+    rounds = [e for e in harness.job.events if e.kind == "rendezvous_round"]
+    assert len(rounds) == 1 and rounds[0].reason == "round_closed"
+    assert rounds[0].details["members"] == ["worker-0", "worker-1", "worker-2"]
+    current = harness.job.rendezvous.current_round("job")
+    assert rounds[0].details["round"] == current and rounds[0].details["processes"] == 3
+    with open(tmp_path / "events.jsonl") as f:
+        assert [json.loads(line)["kind"] for line in f] == ["rendezvous_round"]
