@@ -49,7 +49,8 @@ def parse_state_url(url: str, job: str = "default") -> StateStoreURL:
         if not name or (colon and not port.isdigit()) or not 0 < int(port or 1) < 65536:
             raise StateStoreError(
                 f"state store URL {url!r}: {host!r} is not host[:port]. "
-                "Use e.g. etcd://10.0.0.5:2379,10.0.0.6:2379/dlrover/myjob"
+                "Use etcd://host:port[,host:port][/prefix], "
+                "e.g. etcd://10.0.0.5:2379,10.0.0.6:2379/dlrover/myjob"
             )
         endpoints.append(f"{name}:{port or _DEFAULT_ETCD_PORT}")
     path = path.strip("/")
