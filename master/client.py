@@ -41,6 +41,8 @@ ENV_JOB_TOKEN = "DLROVER_JOB_TOKEN"
 ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 
 T = TypeVar("T")
+# Retried with backoff: the master is away (restarting), or asks this node to slow down.
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class MasterError(RuntimeError):
@@ -172,7 +174,7 @@ class MasterClient:
                 )
             except grpc.RpcError as e:
                 code = e.code()
-                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                if code in _RETRYABLE and time.monotonic() < deadline:
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 2.0)
                     continue

@@ -19,6 +19,7 @@ from master.job import JobMaster
 from master.nodes.manager import StaleNodeError
 from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+from master.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
 from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
 from master.tls import ServerTLS
@@ -26,6 +27,8 @@ from master.tls import ServerTLS
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 60_000
+# Status details travel in trailing metadata, which gRPC caps at 8 KiB by default.
+MAX_DETAIL_CHARS = 1_000
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 _EXIT_REASONS = {
     nodes_pb2.SUCCEEDED: ExitReason.SUCCEEDED,
@@ -62,6 +65,14 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return self._deny
 
 
+def _detail(error: Exception) -> str:
+    """The error's message, cut short: it may echo a huge field of the request back."""
+    text = str(error)
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    return f"{text[:MAX_DETAIL_CHARS]}... ({len(text):,} characters in all)"
+
+
 def _guard(method: Callable) -> Callable:
     """Map domain errors to gRPC status codes, so bad requests never crash the master."""
 
@@ -69,13 +80,13 @@ def _guard(method: Callable) -> Callable:
         try:
             return method(self, request, context)
         except (StaleNodeError, StaleShardError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, _detail(e))
         except UnknownDatasetError as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e).strip("'\""))
+            context.abort(grpc.StatusCode.NOT_FOUND, _detail(e).strip("'\""))
         except DatasetConflictError as e:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, _detail(e))
         except (BadReportError, ValueError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(e))
         except TimeoutError:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time")
 
@@ -331,15 +342,18 @@ def start_server(
     heartbeat_interval_ms: int,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     tls: ServerTLS | None = None,
+    requests_per_second: float = DEFAULT_RATE_PER_SECOND,
 ) -> tuple[grpc.Server, int]:
     """Start the Master service on host:port (0 picks a port); returns the server and its port.
 
     `interceptors` run before the token check (e.g. RPC timing, so refused calls count too).
-    With `tls` the port speaks TLS only (mutual TLS when it names a client CA).
+    With `tls` the port speaks TLS only (mutual TLS when it names a client CA). Each client
+    connection may make `requests_per_second` calls (bursts of twice that).
     """
+    buckets = TokenBuckets(requests_per_second, 2 * requests_per_second)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[*interceptors, TokenInterceptor(token)],
+        interceptors=[*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

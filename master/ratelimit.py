@@ -1,0 +1,101 @@
+"""Per-peer request rate limits on the master's gRPC port (a token bucket per client address)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+# A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
+DEFAULT_RATE_PER_SECOND = 200.0
+DEFAULT_BURST = 400.0
+# Peers not seen for this long are forgotten, so the table stays small.
+IDLE_FORGET_SECONDS = 300.0
+
+
+class TokenBuckets:
+    """One token bucket per key: `rate` tokens a second, at most `burst` saved up."""
+
+    def __init__(
+        self,
+        rate: float = DEFAULT_RATE_PER_SECOND,
+        burst: float = DEFAULT_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"rate must be > 0 and burst >= 1, got rate={rate} burst={burst}")
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill time)
+        self._lock = threading.Lock()
+        self._next_sweep = clock() + IDLE_FORGET_SECONDS
+
+    def take(self, key: str) -> bool:
+        """Spend one token of `key`'s bucket; False when it is empty (the caller is too fast)."""
+        now = self._clock()
+        with self._lock:
+            tokens, last = self._buckets.get(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            allowed = tokens >= 1.0
+            self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+            if now >= self._next_sweep:
+                self._sweep(now)
+            return allowed
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + IDLE_FORGET_SECONDS
+        stale = [k for k, (_, last) in self._buckets.items() if now - last > IDLE_FORGET_SECONDS]
+        for k in stale:
+            del self._buckets[k]
+
+
+class RateLimitInterceptor(grpc.ServerInterceptor):
+    """Answers RESOURCE_EXHAUSTED to a client connection that calls faster than its bucket
+    allows (a node keeps one connection to the master, so this is a per-node budget)."""
+
+    def __init__(self, buckets: TokenBuckets) -> None:
+        self._buckets = buckets
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return handler
+        buckets = self._buckets
+
+        def limited(behavior: Callable) -> Callable:
+            def call(request_or_iterator: object, context: grpc.ServicerContext) -> object:
+                if not buckets.take(context.peer()):
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"more than {buckets.rate:g} requests/s from this client; slow down",
+                    )
+                return behavior(request_or_iterator, context)
+
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                limited(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                limited(handler.stream_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                limited(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
