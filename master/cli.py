@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="serve gRPC over mutual TLS with certificates made for this job (<run dir>/tls)",
         )
+        s.add_argument(
+            "--state",
+            default="",
+            help="where the master keeps its state: a SQLite path (default <run dir>/state.sqlite) "
+            "or etcd://host:port[,host:port][/prefix]",
+        )
         s.add_argument("--tls-cert", default="", help="the master's TLS certificate (PEM)")
         s.add_argument("--tls-key", default="", help="the master's TLS private key (PEM)")
         s.add_argument("--tls-ca", default="", help="the CA (PEM) nodes trust the master by")
@@ -113,6 +119,17 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
     sc.add_argument("target", metavar="TYPE=N", help="e.g. worker=3")
     sc.add_argument("--reason", default="", help="shown in the job's events")
+    ch = sub.add_parser(
+        "chaos", help="run a job while killing random nodes and its master; report what it took"
+    )
+    ch.add_argument("job_yaml", help="the job spec")
+    ch.add_argument("--kills", type=int, default=10, help="how many kills (default 10)")
+    ch.add_argument("--seed", type=int, default=0, help="picks the targets (default 0)")
+    ch.add_argument(
+        "--baseline", action="store_true", help="first run without faults, to measure time lost"
+    )
+    ch.add_argument("--out-dir", default="", help="run dirs go here (default: runs/chaos-TIME)")
+    ch.add_argument("--report", default="", help="write the report as JSON here too")
     lg = sub.add_parser("logs", help="print a node's log, every incarnation in order")
     lg.add_argument("node", metavar="TYPE-RANK", help="e.g. worker-1")
     lg.add_argument("--run-dir", required=True, help="the job's run dir (printed at start)")
@@ -135,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return _scale(args)
     if args.cmd == "logs":
         return _logs(args)
+    if args.cmd == "chaos":
+        return _chaos(args, argv)
     if args.cmd == "brain":
         return _brain(args)
     logging.basicConfig(
@@ -153,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
+            **({"state_path": args.state} if args.state else {}),
         )
     except (SpecError, FaultSpecError, ValueError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
@@ -206,7 +226,7 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     import os
 
     from master.platform.local import free_port
-    from master.submit import default_run_dir
+    from master.submit import default_run_dir, state_namespace
     from master.supervisor import MasterSupervisor
 
     run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
@@ -216,7 +236,9 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     # Later options win in argparse: the child and every restart share this run dir and ports.
     child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
     child += ["--metrics-port", str(metrics_port)]
-    return MasterSupervisor(child, run_dir, sys.stdout).run()
+    state = args.state or os.path.join(run_dir, "state.sqlite")
+    namespace = state_namespace(spec, run_dir)
+    return MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace).run()
 
 
 def _brain_location(given: str, spec) -> str:
@@ -253,6 +275,34 @@ def _brain(args: argparse.Namespace) -> int:
     except (SpecError, BrainError, ValueError, OSError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
+
+
+def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
+    import os
+    import time
+
+    from master.chaos import format_report, plan_kills, run_chaos, write_report
+
+    try:
+        spec = load_job_spec(args.job_yaml)
+        plan = plan_kills(spec, args.kills, args.seed)
+    except (SpecError, ValueError) as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    out_dir = args.out_dir or os.path.join(
+        spec.workdir, "runs", f"chaos-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    try:
+        report = run_chaos(args.job_yaml, spec, plan, out_dir, args.baseline, sys.stdout)
+    except RuntimeError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 1
+    report.command = "dlrover " + " ".join(argv)
+    print(format_report(report))
+    if args.report:
+        write_report(report, args.report)
+    ok = report.status == "succeeded" and report.records_missing == 0
+    return 0 if ok else 1
 
 
 def _admin_client(args: argparse.Namespace):

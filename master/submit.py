@@ -25,7 +25,7 @@ from master.nodes.model import Node
 from master.observability import Observability
 from master.platform.factory import create_platform
 from master.server import advertised_host, job_status_pb, start_server
-from master.state.sqlite import SQLiteStateStore
+from master.state.factory import open_state_store
 from master.tls import ClientTLS, ServerTLS, make_job_certificates
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,11 @@ def print_summary(summary: dict, out: TextIO) -> None:
     out.flush()
 
 
+def state_namespace(spec: JobSpec, run_dir: str) -> str:
+    """Each run's own keys in a shared store (etcd): the job name and the run dir's name."""
+    return f"{spec.name}/{os.path.basename(os.path.normpath(run_dir))}"
+
+
 def job_tls(cfg: MasterConfig, run_dir: str) -> tuple[ServerTLS | None, ClientTLS | None]:
     """The master's TLS credentials and the ones its nodes get, from the TLS settings."""
     if cfg.tls_cert:
@@ -232,7 +237,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     else:
         token_file = write_token(run_dir, cfg.job_token)
     spec, brain, brain_notes = consult_brain(spec, opts.brain)
-    store = SQLiteStateStore(cfg.state_path)
+    store = open_state_store(cfg.state_path, job=state_namespace(spec, run_dir))
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
     server_tls, node_tls = job_tls(cfg, run_dir)

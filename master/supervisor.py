@@ -36,14 +36,19 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def resumable(state_path: str) -> bool:
-    """Whether the state file holds a started job that has not ended (a master to restart)."""
+def resumable(state_path: str, job: str) -> bool:
+    """Whether the state store holds a started job that has not ended (a master to restart)."""
     from master.job import JOB_TABLE
-    from master.state.sqlite import SQLiteStateStore
+    from master.state.api import StateStoreError
+    from master.state.factory import open_state_store, parse_state_url
 
-    if not os.path.exists(state_path):
+    if parse_state_url(state_path).kind == "sqlite" and not os.path.exists(state_path):
         return False
-    store = SQLiteStateStore(state_path)
+    try:
+        store = open_state_store(state_path, job=job)
+    except StateStoreError as e:
+        log.error("cannot read the job's state to decide on a restart: %s", e)
+        return False
     try:
         started = store.get(JOB_TABLE, "runtime") is not None
         raw = store.get(JOB_TABLE, "status")
@@ -61,10 +66,14 @@ class MasterSupervisor:
         master_argv: list[str],
         run_dir: str,
         out: TextIO,
+        state: str = "",
+        job: str = "default",
         max_restarts: int = DEFAULT_MAX_MASTER_RESTARTS,
     ) -> None:
         self.master_argv = master_argv
         self.run_dir = run_dir
+        self.state = state or os.path.join(run_dir, "state.sqlite")
+        self.job = job
         self.out = out
         self.max_restarts = max_restarts
         self.restarts = 0
@@ -88,8 +97,7 @@ class MasterSupervisor:
                     argv, pass_fds=(read_fd,), preexec_fn=_die_with_parent
                 )
                 code = self._child.wait()
-                state = os.path.join(self.run_dir, "state.sqlite")
-                if self._stopping or not resumable(state):
+                if self._stopping or not resumable(self.state, self.job):
                     return code if code >= 0 else 1
                 if self.restarts >= self.max_restarts:
                     self._say(

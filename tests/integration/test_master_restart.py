@@ -164,3 +164,24 @@ def test_a_retried_shard_ask_gets_the_same_shard_and_a_new_ask_another(harness):
     assert other.shard_id != first.shard_id
     [stats] = harness.job.sharding.stats()
     assert stats.records_doing == first.end - first.start + other.end - other.start
+
+
+def test_master_killed_with_its_state_on_etcd_resumes_from_etcd(tmp_path):
+    from tests.integration.etcd_server import EtcdServer, etcd_binary
+
+    etcd = EtcdServer(etcd_binary(), tmp_path / "etcd")
+    etcd.start()
+    try:
+        job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"})
+        state = "etcd://" + etcd.endpoint.split("//", 1)[-1]
+        rc, out = _submit_streaming(job, tmp_path, "--state", state, "--kill", "master:0@40%")
+        assert rc == 0, out
+        assert "restarting it (1/5)" in out
+        assert not (tmp_path / "run" / "state.sqlite").exists()  # the state lived in etcd
+        summary = _summary(tmp_path)
+        assert [n["relaunches"] for n in summary["nodes"]] == [0, 0]
+        assert summary["datasets"]["train"]["records_done"] == 6000
+        counts = trained_counts(tmp_path)
+        assert counts.min() == 2 and counts.max() == 2
+    finally:
+        etcd.kill()
