@@ -47,6 +47,7 @@ class Rendezvous:
     handler: RendezvousHandler
     reporter: AgentReporter
     check_handler: Callable[[], RendezvousHandler] | None = None
+    job_client: Any = None  # the MasterClient when a job master launched this node
 
 
 def _torch_rendezvous(cfg: LaunchConfig, run_id: str, suffix: str = "") -> RendezvousHandler:
@@ -106,11 +107,29 @@ def _master_rendezvous(
     last_call = float(conf.get("last_call_timeout", 1.0))
     main_handler = handler(cfg.run_id, cfg.min_nodes, last_call)
     reporter = AgentReporter(cfg.run_id, node_rank, kv)
+    from master.client import ENV_NODE_TYPE
+
     return Rendezvous(
         main_handler,
         reporter,
         check_handler=lambda: handler(f"{cfg.run_id}-node-check", 1, max(last_call, 2.0)),
+        job_client=client if env.get(ENV_NODE_TYPE) else None,
     )
+
+
+def _start_heartbeats(client: Any, agent: DLRoverElasticAgent, resources: _Resources) -> None:
+    """Under a job master: register this node and send heartbeats with stats and the step."""
+    from master.client import HeartbeatThread
+
+    reply = client.register(socket.gethostname(), os.getpid())
+    interval = max(reply.heartbeat_interval_ms / 1000.0, 0.5) or 2.0
+
+    def on_command(cmd: Any) -> None:
+        log.info("master command %s: %s", cmd.kind, cmd.reason)
+
+    beat = HeartbeatThread(client, interval, on_command=on_command, global_step=agent.global_step)
+    beat.start()
+    resources.closers.append(beat.stop)
 
 
 def _node_identity(cfg: LaunchConfig, env: Mapping[str, str], kv: Any) -> tuple[Any, int]:
@@ -193,6 +212,8 @@ def build_agent(
         shutdown_timeout=cfg.shutdown_timeout,
     )
     resources.closers.append(agent.close)
+    if rdzv.job_client is not None:
+        _start_heartbeats(rdzv.job_client, agent, resources)
     return agent
 
 
