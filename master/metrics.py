@@ -188,7 +188,7 @@ class _JobCollector(Collector):
             "dlrover_node_memory_rss_bytes", "Node resident memory", labels=labels
         )
         step = GaugeMetricFamily(
-            "dlrover_node_step_seconds", "Node's moving-average time per step", labels=labels
+            "dlrover_node_step_seconds", "Node's median time per step (recent steps)", labels=labels
         )
         gpu_util = GaugeMetricFamily(
             "dlrover_node_gpu_utilization_percent", "GPU utilization", labels=[*labels, "gpu"]

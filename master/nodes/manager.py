@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from master.nodes.model import ExitReason, Node, NodeState
 from master.nodes.policy import heartbeat_lost
@@ -13,8 +14,11 @@ from master.pb import nodes_pb2
 from master.state.api import StateStore
 
 NODE_TABLE = "nodes"
-# Weight of the newest step interval in a node's moving-average step time.
-STEP_TIME_SMOOTHING = 0.1
+# A node's step time is the median of its last STEP_GAPS_KEPT gaps between step reports
+# (a median, so a pause of the whole machine or a wait for shards does not make a straggler),
+# recomputed every STEP_TIME_EVERY steps.
+STEP_GAPS_KEPT = 64
+STEP_TIME_EVERY = 8
 
 
 class StaleNodeError(Exception):
@@ -151,9 +155,10 @@ class NodeManager:
             return
         with self._lock:
             if node.steps:
-                gap = now - node.last_step_at
-                alpha = STEP_TIME_SMOOTHING if node.steps > 1 else 1.0
-                node.step_seconds += alpha * (gap - node.step_seconds)
+                gaps = node.extra.setdefault("step_gaps", deque(maxlen=STEP_GAPS_KEPT))
+                gaps.append(now - node.last_step_at)
+                if len(gaps) < STEP_TIME_EVERY or node.steps % STEP_TIME_EVERY == 0:
+                    node.step_seconds = statistics.median(gaps)
             node.steps += 1
             node.last_step_at = now
 

@@ -60,7 +60,7 @@ class Node:
     last_progress: float = 0.0  # monotonic time of the last shard taken or step reported
     global_step: int = 0
     steps: int = 0  # training steps this incarnation reported
-    step_seconds: float = 0.0  # moving average of the time between its step reports
+    step_seconds: float = 0.0  # median time between its recent step reports
     last_step_at: float = 0.0  # monotonic time of its last step report
     cpu_percent: float = 0.0
     memory_rss_bytes: int = 0

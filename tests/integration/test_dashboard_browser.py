@@ -111,6 +111,8 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
         )
         assert screen.returncode == 0, screen.stderr
         assert re.search(r"\n  worker-1 +\d+  running +1 ", screen.stdout), screen.stdout
+        # Equal workers: the relaunched one is not taken for a straggler.
+        assert "straggler" not in screen.stdout, screen.stdout
         assert "steps/s" in screen.stdout and "relaunch" in screen.stdout
         with open(os.path.join(DOCS, "status.txt"), "w") as f:
             f.write(f"$ dlrover status --addr {header['addr']} --token-file RUN_DIR/.job_token\n")
