@@ -322,7 +322,9 @@ class ResourceSampler:
                 rss += p.memory_info().rss
             except self._psutil.Error:
                 continue
-        stats = nodes_pb2.ResourceStats(cpu_percent=cpu, memory_rss_bytes=rss)
+        stats = nodes_pb2.ResourceStats(
+            cpu_percent=cpu, memory_rss_bytes=rss, memory_limit_bytes=cgroup_memory_limit()
+        )
         stats.gpus.extend(_gpu_stats(self._nvml))
         return stats
 
@@ -434,6 +436,28 @@ class ProgressStream:
             raise self._client._translate(e) from None
         finally:
             self._future = None
+
+
+CGROUP_MEMORY_LIMIT_FILES = (
+    "/sys/fs/cgroup/memory.max",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+)
+
+
+def cgroup_memory_limit(files: tuple[str, ...] = CGROUP_MEMORY_LIMIT_FILES) -> int:
+    """This container's memory limit in bytes, 0 if none (the master's OOM diagnosis uses it)."""
+    import psutil
+
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < psutil.virtual_memory().total:
+            return int(text)
+        return 0  # "max", or a v1 "unlimited" larger than the machine
+    return 0
 
 
 def _load_nvml():

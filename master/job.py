@@ -503,7 +503,7 @@ class JobMaster:
             reported=reported[0] if reported else None,
             # Only training nodes report steps; others are never taken as failing at start-up.
             started=node.steps > 0 or node.type not in TRAINING_TYPES,
-            memory_limit_mb=node.memory_mb,
+            memory_limit_mb=node.memory_mb or node.extra.get("memory_limit_bytes", 0) // 2**20,
             last_rss_bytes=node.memory_rss_bytes,
         )
 

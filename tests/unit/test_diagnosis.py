@@ -127,3 +127,15 @@ def test_events_round_trip_through_the_jsonl_file(tmp_path):
     assert seen == [event] and len(log) == 1 and log.since(1) == []
     assert read_events(str(tmp_path)) == [event]
     assert event.node == "worker-1"
+
+
+def test_node_side_memory_limit_from_cgroup_files(tmp_path):
+    from master.client import cgroup_memory_limit
+
+    limit = tmp_path / "memory.max"
+    limit.write_text("268435456\n")
+    assert cgroup_memory_limit((str(tmp_path / "absent"), str(limit))) == 256 * 2**20
+    limit.write_text("max\n")
+    assert cgroup_memory_limit((str(limit),)) == 0
+    limit.write_text(str(2**63 - 4096))  # cgroup v1 "unlimited"
+    assert cgroup_memory_limit((str(limit),)) == 0
