@@ -177,6 +177,7 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256, help="MLP width of the example model")
     p.add_argument("--keep", action="store_true", help="keep the logs and events (printed path)")
     args = p.parse_args()
+    load_before = os.getloadavg()[0]
     workdir = tempfile.mkdtemp(prefix="torch_recovery_")
     print(f"work dir: {workdir}")
     script_args = ["--step-seconds", str(args.step_seconds), "--hidden", str(args.hidden)]
@@ -209,6 +210,9 @@ def main() -> int:
         "speedup_pg_ready_vs_noshare": ratio("torchrun-noshare", "pg_ready_s_median"),
         "speedup_loop_vs_noshare": ratio("torchrun-noshare", "loop_s_median"),
         "target_pg_ready_met": bool(d["pg_ready_s_median"] and d["pg_ready_s_median"] <= 0.3),
+        # 1-minute load average (2 cores here): figures taken under load are slower.
+        "load_avg_before": round(load_before, 2),
+        "load_avg_after": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(out))
     return 0

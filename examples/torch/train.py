@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--step-seconds", type=float, default=0.0, help="extra sleep per step")
-    p.add_argument("--ckpt-dir", default="./ckpt")
+    p.add_argument("--ckpt-dir", default=os.environ.get("DLROVER_MODEL_DIR", "./ckpt"))
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--events", default="", help="append JSON-line milestones to this file")
     p.add_argument("--kill-at-step", type=int, default=-1)

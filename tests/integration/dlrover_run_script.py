@@ -65,6 +65,7 @@ def main() -> None:
         os.close(fd)
 
     event("start", env={k: os.environ.get(k) for k in ENV_NAMES}, argv=sys.argv[1:])
+    print(f"script rank {rank} of {world} starting", flush=True)
     dist.init_process_group("gloo")
     start = torch.load(args.ckpt)["step"] if os.path.exists(args.ckpt) else 0
     reporter = None

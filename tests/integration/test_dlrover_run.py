@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from tests.integration.dlrover_run_helpers import events, run_launcher, script_args
+from tests.integration.dlrover_run_helpers import (
+    events,
+    kill_tree,
+    run_launcher,
+    script_args,
+    start_launcher,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,11 +38,16 @@ def test_worker_sigkill_restarts_group_and_resumes_from_checkpoint(tmp_path):
 
 
 def test_torchrun_environment_module_mode_and_no_spares(tmp_path):
-    """The variables a torchrun script reads, in module mode, with fresh processes."""
+    """The variables a torchrun script reads, in module mode, with fresh processes, and logs."""
     flags = ["--standalone", "--nproc-per-node", "2", "--no-spare-workers", "--rdzv-id", "envjob"]
+    flags += ["--log-dir", str(tmp_path / "logs"), "--tee", "1"]
     argv = ["-m", "tests.integration.dlrover_run_script", *script_args(tmp_path)[1:]]
     out = run_launcher(flags, argv, 120)
     assert out.returncode == 0, out.stdout[-3000:]
+    # --tee 1: stdout both in the console (prefixed) and in the per-rank log files.
+    assert "script rank 1 of 2 starting" in out.stdout
+    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert len(logs) == 2 and "script rank 0 of 2 starting" in logs[0].read_text()
     starts = sorted((e for e in events(tmp_path) if e["event"] == "start"), key=lambda e: e["rank"])
     assert [e["env"]["RANK"] for e in starts] == ["0", "1"]
     assert [e["env"]["LOCAL_RANK"] for e in starts] == ["0", "1"]
@@ -45,6 +60,43 @@ def test_torchrun_environment_module_mode_and_no_spares(tmp_path):
         assert env["TORCHELASTIC_RUN_ID"] == "envjob"
         assert env["ROLE_NAME"] == "default"
         assert e["argv"][:2] == ["--ckpt", str(tmp_path / "ckpt.pt")]
+
+
+def test_spare_workers_write_redirected_logs(tmp_path):
+    flags = ["--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs")]
+    flags += ["--redirects", "3"]
+    out = run_launcher(flags, script_args(tmp_path, "--steps", "3"), 120)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "script rank" not in out.stdout  # redirected, not on the console
+    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert [p.parent.name for p in logs] == ["0", "1"]
+    assert "script rank 1 of 2 starting" in logs[1].read_text()
+
+
+def test_sigterm_stops_workers_and_exits(tmp_path):
+    proc = start_launcher(
+        ["--standalone", "--nproc-per-node", "2"],
+        script_args(tmp_path, "--steps", "100000", "--step-seconds", "0.05"),
+        tmp_path / "launcher.log",
+    )
+    try:
+        loops = lambda: [e for e in events(tmp_path) if e["event"] == "loop"]  # noqa: E731
+        wait_for(lambda: len(loops()) == 2, 120, "both ranks in the loop")
+        pids = [e["pid"] for e in events(tmp_path) if e["event"] == "loop"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        for pid in pids:
+            wait_for(lambda pid=pid: not _alive(pid), 30, f"worker {pid} to exit")
+    finally:
+        kill_tree(proc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_hung_rank_is_restarted_with_a_reason(tmp_path):

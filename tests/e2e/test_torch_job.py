@@ -1,0 +1,52 @@
+"""A torch DDP job through `dlrover submit`: worker nodes run dlrover-run against the job master."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "examples", "torch", "train.py")
+STEPS = 120
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with open(os.path.join(ROOT, "examples", "torch", "job.yaml")) as f:
+        job = yaml.safe_load(f)
+    command = list(job["command"])
+    script = command.index("train.py")
+    command[script:] = [TRAIN, "--steps", str(STEPS), "--step-seconds", "0.05"]
+    command += ["--events", str(events), "--ckpt-every", "5"]
+    job.update(name="torch-e2e", command=command, workdir=str(tmp_path))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    summary = tmp_path / "summary.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+        + ["--kill", "worker:1@step=30", "--summary-json", str(summary)]
+        + ["--status-interval", "5", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=380,
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+    result = json.loads(summary.read_text())
+    assert result["status"] == "succeeded", result
+    worker1 = [n for n in result["nodes"] if n["type"] == "worker" and n["rank"] == 1]
+    assert sum(n["relaunches"] for n in worker1) >= 1 or len(worker1) >= 2, worker1
+    evs = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
+    assert done and {e["world"] for e in done} <= {1, 2}
+    # Training went on after the kill from a checkpoint, not from step 0.
+    resumed = [e for e in evs if e["event"] == "loop" and e["step"] > 0]
+    assert resumed, "no group resumed from the checkpoint"
