@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
@@ -28,6 +29,7 @@ class ChaosPlan:
 
     seed: int
     kills: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,6 +53,7 @@ class ChaosReport:
     baseline_wall_seconds: float | None = None
     seconds_lost: float | None = None
     kills: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     command: str = ""
 
 
@@ -68,7 +71,28 @@ def plan_kills(spec: JobSpec, kills: int, seed: int) -> ChaosPlan:
         node_type, replicas = rng.choices(targets, weights)[0]
         rank = rng.randrange(replicas)
         out.append(f"{node_type}:{rank}@{FIRST_KILL_PERCENT + i * step:.1f}%")
-    return ChaosPlan(seed, tuple(out))
+    return ChaosPlan(seed, tuple(out), budget_warnings(spec, out))
+
+
+def budget_warnings(spec: JobSpec, kills: list[str]) -> tuple[str, ...]:
+    """Kills the job's relaunch budgets cannot absorb: the job is then expected to fail."""
+    per_node = Counter(k.split("@")[0] for k in kills if not k.startswith(MASTER))
+    out = []
+    for node, n in sorted(per_node.items()):
+        node_type = node.split(":")[0]
+        budget = spec.group(node_type).max_relaunches
+        if n > budget:
+            out.append(
+                f"{node.replace(':', '-')} is killed {n} times but {node_type}.max_relaunches is "
+                f"{budget}: expect the job to fail"
+            )
+    total = sum(per_node.values())
+    if total > spec.max_relaunches:
+        out.append(
+            f"{total} node kills but the job's max_relaunches is {spec.max_relaunches}: "
+            "expect the job to fail"
+        )
+    return tuple(out)
 
 
 def _submit(job_yaml: str, run_dir: str, extra: list[str], out: TextIO) -> tuple[dict, float]:
@@ -126,6 +150,7 @@ def run_chaos(
         baseline_wall_seconds=round(base_wall, 1) if base_wall is not None else None,
         seconds_lost=round(wall - base_wall, 1) if base_wall is not None else None,
         kills=[e["message"] for e in faults],
+        warnings=list(plan.warnings),
     )
 
 
@@ -148,6 +173,7 @@ def format_report(report: ChaosReport) -> str:
         ),
     ]
     lines += [f"     - {k}" for k in report.kills]
+    lines += [f"   warning: {w}" for w in report.warnings]
     return "\n".join(lines)
 
 

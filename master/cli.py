@@ -292,6 +292,10 @@ def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
     out_dir = args.out_dir or os.path.join(
         spec.workdir, "runs", f"chaos-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    print(f"== chaos plan (seed {plan.seed}): {', '.join(plan.kills)}")
+    for warning in plan.warnings:
+        print(f"   warning: {warning}")
+    sys.stdout.flush()
     try:
         report = run_chaos(args.job_yaml, spec, plan, out_dir, args.baseline, sys.stdout)
     except RuntimeError as e:

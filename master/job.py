@@ -130,7 +130,7 @@ class JobMaster:
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
-        self._faults = list(faults)
+        self._faults = list(faults)  # given at submit; _fired_faults says which already fired
         self._job_relaunches = 0
         self._started = time.monotonic()
         self._training_done_at: float | None = None
@@ -143,7 +143,6 @@ class JobMaster:
         self.epoch = 0  # this master instance's number; a restarted master takes the next
         self._started_wall = time.time()
         self._fired_faults: list[int] = []  # indices into the faults given at submit
-        self._all_faults = list(faults)
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
 
@@ -273,7 +272,6 @@ class JobMaster:
         self._started_wall = record["started_wall"]
         self._started = time.monotonic() - max(0.0, time.time() - self._started_wall)
         self._fired_faults = list(record["fired_faults"])
-        self._faults = [f for i, f in enumerate(self._all_faults) if i not in self._fired_faults]
         if record["training_done"]:
             self._training_done_at = time.monotonic()
         self._addresses = {(t, int(r)): a for t, r, a in record["addresses"]}
@@ -649,13 +647,15 @@ class JobMaster:
         return 100.0 * sum(s.records_done for s in stats) / total if total else 0.0
 
     def _inject_faults(self) -> None:
-        if not self._faults:
+        if len(self._fired_faults) == len(self._faults):
             return
         pct, secs = self.percent_done(), self.elapsed()
-        for fault in list(self._faults):
-            if not due(fault, pct, secs, self.global_step):
+        for i, fault in enumerate(self._faults):
+            if i in self._fired_faults or not due(fault, pct, secs, self.global_step):
                 continue
-            self._faults.remove(fault)
+            # Recorded before it acts, so a restarted master never fires it again.
+            self._fired_faults.append(i)
+            self._save_runtime()
             if fault.node_type == MASTER:
                 self._kill_self(fault)
                 continue
@@ -681,8 +681,6 @@ class JobMaster:
         self._emit(
             "fault", f"fault injection: {fault.describe()} (at global step {self.global_step})"
         )
-        self._fired_faults.append(self._all_faults.index(fault))
-        self._save_runtime()
         self.sharding.flush()
         os.kill(os.getpid(), fault.signal)
         time.sleep(STOP_GRACE_SECONDS)  # a catchable signal: its handler asks the loop to stop

@@ -12,6 +12,7 @@ import subprocess
 import threading
 
 import pytest
+import yaml
 
 from master.config import parse_job_spec
 from master.job import JobMaster, JobRuntime, MasterFencedError
@@ -185,3 +186,27 @@ def test_master_killed_with_its_state_on_etcd_resumes_from_etcd(tmp_path):
         assert counts.min() == 2 and counts.max() == 2
     finally:
         etcd.kill()
+
+
+def test_chaos_run_reports_kills_survived_and_no_record_missing(tmp_path):
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"}, max_relaunches=20)
+    data = yaml.safe_load(open(job))
+    data["worker"]["max_relaunches"] = 10
+    open(job, "w").write(yaml.safe_dump(data))
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [*DLROVER, "chaos", job, "--kills", "4", "--seed", "2", "--out-dir", str(tmp_path / "c")]
+        + ["--report", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=os.path.dirname(HERE),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== chaos report: job fake, seed 2" in proc.stdout
+    r = json.loads(report.read_text())
+    assert r["status"] == "succeeded" and r["records_missing"] == 0
+    assert r["kills_planned"] == 4 and r["kills_done"] + r["kills_skipped"] == 4
+    master_kills = sum("to master-0" in k for k in r["kills"])
+    assert r["master_restarts"] == master_kills
+    assert r["command"].startswith("dlrover chaos")
