@@ -89,11 +89,30 @@ class Launcher:
         return [e for e in self.read() if e["event"] == event and e["restart"] == restart]
 
     def stop(self) -> None:
+        """SIGTERM (the launcher stops its workers), then SIGKILL whatever is left: torchrun's
+        workers live in sessions of their own, so killing the launcher's session is not enough."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in {e["pid"] for e in self.read() if e["event"] == "start"}:
+            if self._is_our_worker(pid):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
+
+    def _is_our_worker(self, pid: int) -> bool:
+        """Whether pid still runs this launcher's script (pids get reused)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return self.events.encode() in f.read()
+        except OSError:
+            return False
 
 
 def wait(cond, timeout: float):

@@ -56,7 +56,7 @@ class AgentConfig:
 
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
-    spare_refill_delay_seconds: float = 0.5
+    spare_refill_delay_seconds: float = 5.0
     preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
     python: str = sys.executable
     host_worker_store: bool = True
@@ -265,7 +265,10 @@ class DLRoverElasticAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._pool is not None:
-            self._pool.maybe_refill()
+            # New spares import torch (about a second of CPU each); start them once the new
+            # group trains, so they do not slow down its start.
+            training = len(self._hang.last_steps()) >= worker_group.spec.local_world_size
+            self._pool.maybe_refill(training)
             ready = self._pool.ready_count()
             if ready != self._spares_ready:
                 self._spares_ready = ready

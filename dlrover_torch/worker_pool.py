@@ -47,7 +47,7 @@ class SparePool:
         size: int,
         python: str = sys.executable,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
-        refill_delay_seconds: float = 0.5,
+        refill_delay_seconds: float = 5.0,
     ) -> None:
         self.size = size
         self._python = python
@@ -128,9 +128,10 @@ class SparePool:
         """Refill after a delay, so new spares do not compete with a group that is starting."""
         self._refill_at = time.monotonic() + self._refill_delay
 
-    def maybe_refill(self) -> None:
-        """Called from the agent's monitor loop: refill once the delay has passed."""
-        if self._refill_at is not None and time.monotonic() >= self._refill_at:
+    def maybe_refill(self, group_training: bool = False) -> None:
+        """Called from the agent's monitor loop: refill once the workers train (their first
+        steps are in) or the delay has passed, whichever comes first."""
+        if self._refill_at is not None and (group_training or time.monotonic() >= self._refill_at):
             self.fill()
 
     def take(self) -> subprocess.Popen:
