@@ -120,6 +120,10 @@ class MasterRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + self._join_timeout
         try:
             reply = self._join_and_wait(deadline)
+        except StaleNodeError as e:
+            raise RendezvousStateError(
+                f"the master refuses this node in rendezvous {self._run_id!r}: {e}"
+            ) from e
         except MasterError as e:
             raise RendezvousConnectionError(
                 f"rendezvous {self._run_id!r} on the master failed: {e}"

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousInfo,
+    RendezvousStateError,
     RendezvousTimeoutError,
 )
 
@@ -119,7 +119,7 @@ def test_a_stale_round_is_refused(harness, handlers):
 def test_an_old_incarnation_cannot_join(harness):
     node = harness.nodes[1]
     old = MasterClient(harness.addr, TOKEN, NodeIdentity(node.type, node.rank, node.id + 99))
-    with pytest.raises(RendezvousConnectionError, match="incarnation|unknown node"):
+    with pytest.raises(RendezvousStateError, match="incarnation|unknown node"):
         make_handler(old).next_rendezvous()
     old.close()
 
