@@ -25,6 +25,7 @@ import threading
 import time
 from datetime import timedelta
 
+import grpc
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -294,6 +295,11 @@ class MasterRendezvousHandler(RendezvousHandler):
                         self._waiting = max(self._waiting, 1)
                 return
             except MasterError as e:
+                if stop.is_set():
+                    return  # shut down meanwhile: the failure does not matter any more
+                if e.code == grpc.StatusCode.CANCELLED:
+                    log.info("rendezvous watch ends: the client channel was closed")
+                    return
                 log.warning("rendezvous watch failed: %s; retrying in %gs", e, WATCH_RETRY_S)
                 stop.wait(WATCH_RETRY_S)
                 continue
