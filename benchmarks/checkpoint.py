@@ -360,6 +360,8 @@ def main() -> None:
         child_restore(ARGS.child_restore, not ARGS.no_wait, IMPORT_S)
         return
     logging.basicConfig(level=logging.WARNING)
+    # SIGTERM runs the cleanup in the finally blocks (child processes, shm, scratch files).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = tempfile.mkdtemp(prefix="dlrover-ckpt-bench-", dir=ARGS.dir)
     load0 = os.getloadavg()[0]
     results, notes = [], []
