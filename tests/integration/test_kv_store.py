@@ -296,3 +296,33 @@ def test_gloo_process_group_all_reduce_through_master_store(harness):
                 p.kill()
     assert results == {r: 6.0 for r in range(world)}
     assert all(p.exitcode == 0 for p in procs)
+
+
+def test_standalone_master_makes_a_token_and_refuses_others():
+    server, port, token = start_standalone_master()
+    try:
+        assert len(token) >= 16
+        good = MasterClient(f"127.0.0.1:{port}", token, NodeIdentity("worker", 0, 1))
+        KVClient(good).set(b"k", b"v")
+        bad = MasterClient(f"127.0.0.1:{port}", "not-" + token, NodeIdentity("worker", 0, 1))
+        with pytest.raises(MasterError, match="token"):
+            KVClient(bad).get(b"k", 0)
+        good.close()
+        bad.close()
+    finally:
+        server.stop(grace=0).wait()
+
+
+def test_a_cancelled_wait_frees_its_thread_before_the_timeout():
+    kv = KVStore()
+    active = threading.Event()
+    active.set()
+    result: list = []
+    waiter = threading.Thread(
+        target=lambda: result.append(kv.get(b"never", 600, is_active=active.is_set))
+    )
+    waiter.start()
+    active.clear()  # what the RPC's end callback reports for a client that went away
+    kv.wake()
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and result == [None]
