@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ ENV_INJECT_FAIL = "DLROVER_NODE_CHECK_FAIL"  # rehearsal: a probe that fails
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One node's timings; ok=False when its probe failed (error says how)."""
+    """One node's timings (node_rank: the agent's node rank); ok=False when its probe failed."""
 
     node_rank: int
     ok: bool
@@ -71,10 +71,13 @@ class Verdict:
 def classify(
     results: Mapping[int, ProbeResult | None], world_size: int, straggler_ratio: float
 ) -> Verdict:
-    """Faulty: no result or a failed probe. Straggler: compute time above ratio x median."""
+    """Faulty: no result or a failed probe. Straggler: compute time above ratio x median.
+
+    ``results`` and the returned rank lists use the check round's ranks."""
     faulty = sorted(r for r in range(world_size) if results.get(r) is None or not results[r].ok)
     good = {r: res for r, res in results.items() if res is not None and res.ok}
-    median = statistics.median(res.compute_seconds for res in good.values()) if good else 0.0
+    # The lower median: with two nodes the faster one is the reference, not their mean.
+    median = statistics.median_low(res.compute_seconds for res in good.values()) if good else 0.0
     stragglers = sorted(
         r
         for r, res in good.items()
@@ -213,6 +216,8 @@ class NodeCheckRound:
                 raise RuntimeError("the check rendezvous gave no MASTER_ADDR/PORT for the probe")
             log.info("node check: node %d of %d", rank, world)
             mine = self._run_probe(agent, rank, world, boot.master_addr, boot.master_port)
+            # Results are indexed by the check round's rank; each carries its node's own rank.
+            mine = replace(mine, node_rank=agent.reporter.node_rank)
             store.set(f"{RESULT_KEY}{rank}", json.dumps(asdict(mine)))
             results: dict[int, ProbeResult | None] = {}
             deadline = time.monotonic() + self.timeout_seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -39,7 +40,7 @@ class Agents:
         self.nnodes, self.extra, self.argv = nnodes, extra_flags, argv
         self.procs = []
 
-    def start(self, node_rank: int):
+    def start(self, node_rank: int, **env_extra: str):
         flags = [
             "--nnodes",
             self.nnodes,
@@ -57,7 +58,7 @@ class Agents:
             "lease_timeout=3,last_call_timeout=1",
             *self.extra,
         ]
-        env = base_env(DLROVER_JOB_TOKEN_FILE=self.token_file)
+        env = base_env(DLROVER_JOB_TOKEN_FILE=self.token_file, **env_extra)
         proc = start_launcher(flags, self.argv, self.tmp / f"agent{node_rank}.log", env)
         self.procs.append(proc)
         return proc
@@ -157,3 +158,30 @@ def test_hung_rank_on_one_of_two_agents_restarts_the_group(tmp_path, agents):
     assert group.wait(p1) == 0, group.log(1)[-3000:]
     assert "[hang] local rank 0 reported no step" in group.log(1)
     assert _done_ranks(tmp_path, 25, 2) == [0, 1]
+
+
+@pytest.mark.slow
+def test_node_check_excludes_a_straggler_and_reports_to_the_master(tmp_path, agents, master):
+    argv = script_args(tmp_path, "--steps", "10")
+    flags = ["--network-check", "--exclude-straggler", "--straggler-ratio", "3"]
+    group = agents("1:2", flags, argv)
+    p0 = group.start(0)
+    p1 = group.start(1, DLROVER_NODE_CHECK_DELAY="5")  # its compute takes 5 s longer
+    assert group.wait(p1) == 3, group.log(1)[-3000:]
+    assert "the node check excluded this node" in group.log(1)
+    assert group.wait(p0) == 0, group.log(0)[-3000:]
+    assert _done_ranks(tmp_path, 10, 1) == [0]
+    # Both nodes reported what they saw to the master's KV store.
+    from master.client import KVClient, MasterClient
+
+    addr, token_file = master
+    client = MasterClient(addr, open(token_file).read())
+    try:
+        kv = KVClient(client)
+        for rank in (0, 1):
+            raw = kv.get(f"dlrover/node_check/multi/0/{rank}".encode(), 5)
+            assert raw is not None
+            report = json.loads(raw)
+            assert report["stragglers"] == [1] and report["faulty"] == []
+    finally:
+        client.close()
