@@ -56,7 +56,7 @@ class AgentConfig:
 
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
-    spare_refill_delay_seconds: float = 5.0
+    spare_refill_delay_seconds: float = 15.0
     preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
     python: str = sys.executable
     host_worker_store: bool = True
@@ -177,9 +177,8 @@ class DLRoverElasticAgent(LocalElasticAgent):
         os.makedirs(attempt_dir, exist_ok=True)
         envs: dict[int, dict[str, str]] = {}
         for worker in worker_group.workers:
-            env = {
+            env: dict[str, str] = {
                 "RANK": str(worker.global_rank),
-                "LOCAL_RANK": str(worker.local_rank),
                 "GROUP_RANK": str(worker_group.group_rank),
                 "ROLE_RANK": str(worker.role_rank),
                 "ROLE_NAME": spec.role,
@@ -200,9 +199,9 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 ),
                 ENV_PROGRESS_FILE: os.path.join(attempt_dir, f"progress_{worker.local_rank}"),
             }
-            for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
-                if name in os.environ:
-                    env[name] = os.environ[name]
+            self._set_local_rank_env(env, worker.local_rank, spec)  # torch's LOCAL_RANK/GPU rules
+            if "OMP_NUM_THREADS" in os.environ:
+                env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
             envs[worker.local_rank] = env
         return envs
 
@@ -232,6 +231,8 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 logs_specs=self._logs_specs,
                 log_line_prefixes=prefixes,
                 before_close=self._before_stop,
+                duplicate_stdout_filters=spec.duplicate_stdout_filters,
+                duplicate_stderr_filters=spec.duplicate_stderr_filters,
             )
         else:
             cmd = self.command
@@ -248,6 +249,9 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 logs_specs=self._logs_specs,
                 log_line_prefixes=prefixes,
                 before_close=self._before_stop,
+                numa_options=spec.numa_options,
+                duplicate_stdout_filters=spec.duplicate_stdout_filters,
+                duplicate_stderr_filters=spec.duplicate_stderr_filters,
             )
         self._pcontext.start()
         pids = self._pcontext.pids()

@@ -55,6 +55,12 @@ class LaunchConfig:
     run_path: bool = False
     python: str = sys.executable
     omp_num_threads: str | None = None
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    numa_binding: str | None = None
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    virtual_local_rank: bool = False
+    logs_specs_name: str | None = None
     # dlrover's own
     master_addr: str = ""
     network_check: bool = False
@@ -328,7 +334,14 @@ def config_from_args(
         straggler_ratio=args.straggler_ratio,
         node_check_timeout=args.node_check_timeout,
         hang=HangConfig(timeout_seconds=args.hang_timeout, idle_cpu_percent=args.hang_cpu_percent),
-        spare_workers=not args.no_spare_workers and not args.no_python,
+        duplicate_stdout_filters=tuple(args.duplicate_stdout_filters or ()),
+        duplicate_stderr_filters=tuple(args.duplicate_stderr_filters or ()),
+        numa_binding=args.numa_binding,
+        signals_to_handle=args.signals_to_handle,
+        virtual_local_rank=bool(args.virtual_local_rank),
+        logs_specs_name=args.logs_specs,
+        # numactl wraps a fresh process's command line, which a spare cannot have
+        spare_workers=not (args.no_spare_workers or args.no_python or args.numa_binding),
         exit_barrier_timeout=args.exit_barrier_timeout,
     )
     return config, args

@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
-from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
+from torch.distributed.elastic.multiprocessing.api import (
+    DefaultLogsSpecs,
+    LogsSpecs,
+    SignalException,
+    Std,
+)
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
@@ -177,8 +182,12 @@ def build_agent(
         master_port=cfg.static_master_port if cfg.rdzv_backend == "static" else None,
         local_addr=cfg.local_addr,
         event_log_handler=cfg.event_log_handler,
+        numa_options=_numa_options(cfg.numa_binding),
+        duplicate_stdout_filters=list(cfg.duplicate_stdout_filters) or None,
+        duplicate_stderr_filters=list(cfg.duplicate_stderr_filters) or None,
+        virtual_local_rank=cfg.virtual_local_rank,
     )
-    logs_specs = DefaultLogsSpecs(
+    logs_specs = _logs_specs_class(cfg.logs_specs_name)(
         log_dir=cfg.log_dir,
         redirects=Std.from_str(cfg.redirects),
         tee=Std.from_str(cfg.tee),
@@ -217,6 +226,30 @@ def build_agent(
     return agent
 
 
+def _numa_options(mode: str | None) -> Any:
+    """torchrun's --numa-binding as torch's NUMA options (None when not asked for)."""
+    if mode is None:
+        return None
+    from torch.numa.binding import AffinityMode, NumaOptions
+
+    return NumaOptions(affinity_mode=AffinityMode(mode))
+
+
+def _logs_specs_class(name: str | None) -> type[LogsSpecs]:
+    """torchrun's --logs-specs: a LogsSpecs class registered under `torchrun.logs_specs`."""
+    if name is None:
+        return DefaultLogsSpecs
+    from importlib import metadata
+
+    found = metadata.entry_points(group="torchrun.logs_specs").select(name=name)
+    if not found:
+        raise LaunchConfigError(
+            f"--logs-specs {name!r}: no entry point of that name in group torchrun.logs_specs; "
+            "install the package that provides it or drop the flag"
+        )
+    return next(iter(found)).load()
+
+
 def _summarize(result: RunResult) -> str:
     lines = ["dlrover-run: the workers failed:"]
     for rank, failure in sorted(result.failures.items()):
@@ -230,6 +263,7 @@ def _summarize(result: RunResult) -> str:
 
 def _prepare_process_env(cfg: LaunchConfig) -> None:
     """The few variables dlrover-run sets for itself and its workers, all here at the entry."""
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = cfg.signals_to_handle  # read by torch's PContext
     if cfg.omp_num_threads and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = cfg.omp_num_threads
     if not cfg.uses_master:
@@ -274,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NodeExcludedError as e:
         print(f"dlrover-run: {e}", file=sys.stderr)
         return EXIT_EXCLUDED
+    except LaunchConfigError as e:
+        print(f"dlrover-run: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except SignalException as e:
         print(f"dlrover-run: stopped by {e.sigval.name}; the workers were stopped", file=sys.stderr)
         return 128 + int(e.sigval)

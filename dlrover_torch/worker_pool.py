@@ -47,7 +47,7 @@ class SparePool:
         size: int,
         python: str = sys.executable,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
-        refill_delay_seconds: float = 5.0,
+        refill_delay_seconds: float = 15.0,
     ) -> None:
         self.size = size
         self._python = python
@@ -242,6 +242,8 @@ class PooledSubprocessContext(HookedSubprocessContext):
         logs_specs: LogsSpecs,
         log_line_prefixes: dict[int, str] | None = None,
         before_close: Callable[[], None] | None = None,
+        duplicate_stdout_filters: list[str] | None = None,
+        duplicate_stderr_filters: list[str] | None = None,
     ) -> None:
         args = {rank: tuple(command.argv()) for rank in envs}
         super().__init__(
@@ -252,6 +254,8 @@ class PooledSubprocessContext(HookedSubprocessContext):
             logs_specs=logs_specs,
             log_line_prefixes=log_line_prefixes,
             before_close=before_close,
+            duplicate_stdout_filters=duplicate_stdout_filters,
+            duplicate_stderr_filters=duplicate_stderr_filters,
         )
         self._pool = pool
         self._command = command
