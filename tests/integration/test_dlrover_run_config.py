@@ -53,7 +53,7 @@ def test_master_from_env_module_mode_and_static_master_addr():
     s = cfg(
         "--rdzv-backend", "static", "--master-addr", "10.1.1.1", "--master-port", "29500", SCRIPT
     )
-    assert s.master_addr == "" and s.rdzv_endpoint == "10.1.1.1:2950"
+    assert s.master_addr == "" and s.rdzv_endpoint == "10.1.1.1:29500"
 
 
 def test_standalone_with_a_torch_backend_is_torchruns_standalone():
