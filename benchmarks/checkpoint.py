@@ -37,9 +37,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrover_torch.checkpoint import Checkpointer  # noqa: E402
+from dlrover_torch.checkpoint import AgentCheckpointKeeper, Checkpointer  # noqa: E402
 from dlrover_torch.checkpoint import shm as shm_mod  # noqa: E402
-from dlrover_torch.checkpoint.checkpointer import standalone_namespace  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _START  # importing torch + dlrover in this process
 
@@ -136,6 +135,16 @@ def dcp_async(state: dict[str, Any], path: str) -> tuple[float, float]:
     return blocked, time.perf_counter() - start
 
 
+def drop_cache(path: str) -> None:
+    """Evict one file from the page cache (only this file; other work is not affected)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def cpu_now() -> float:
     """CPU seconds of this process (all threads)."""
     return time.process_time()
@@ -156,18 +165,24 @@ def measure(size_gib: float, root: str) -> dict[str, Any]:
     ck.prepare(state)
     res["prepare_s"] = time.perf_counter() - start
     # Interleave floor copies and saves so both see the same machine load.
-    floor_times, mem_times, cpu_save = [], [], 0.0
+    floor_times, mem_times, cpu_save, mem_cpu = [], [], 0.0, []
+    floor_cpu = 0.0
     for step in range(1, 7):
+        cpu0 = cpu_now()
         floor_times.append(floor.once())
+        floor_cpu += cpu_now() - cpu0
         cpu0 = cpu_now()
         start = time.perf_counter()
         ck.save(step, state, "memory")
         mem_times.append(time.perf_counter() - start)
-        cpu_save += cpu_now() - cpu0
+        mem_cpu.append(cpu_now() - cpu0)
+        cpu_save += mem_cpu[-1]
     res["floor_copy_s"] = statistics.median(floor_times)
     res["floor_copy_all_s"] = floor_times
     res["memory_save_cpu_s"] = cpu_save / len(mem_times)
+    res["floor_copy_cpu_s"] = floor_cpu / len(mem_times)
     res["memory_save_s"] = mem_times
+    res["memory_save_cpu_each_s"] = mem_cpu
     res["memory_save_first_s"] = mem_times[0]
     res["memory_save_max_ratio"] = max(mem_times) / res["floor_copy_s"]
     res["memory_save_median_ratio"] = statistics.median(mem_times) / res["floor_copy_s"]
@@ -224,6 +239,8 @@ def measure(size_gib: float, root: str) -> dict[str, Any]:
     )
     del loaded
     ck.close()  # removes the memory copy: the next load reads disk, verifying checksums
+    for name in os.listdir(os.path.join(ckdir, "step-12")):
+        drop_cache(os.path.join(ckdir, "step-12", name))
     ck2 = Checkpointer(ckdir)
     start = time.perf_counter()
     step, loaded = ck2.load()
@@ -239,6 +256,11 @@ def measure(size_gib: float, root: str) -> dict[str, Any]:
     loaded = torch.load(tpath, weights_only=True)
     res["torch_load_s"] = time.perf_counter() - start
     del loaded
+    drop_cache(tpath)
+    start = time.perf_counter()
+    loaded = torch.load(tpath, weights_only=True)
+    res["torch_load_cold_s"] = time.perf_counter() - start
+    del loaded
     os.unlink(tpath)
     dcp_runs = [dcp_async(state, os.path.join(root, f"dcp{i}")) for i in range(2)]
     res["dcp_async_block_s"] = min(b for b, _ in dcp_runs)
@@ -249,7 +271,8 @@ def measure(size_gib: float, root: str) -> dict[str, Any]:
         f"[{size_gib} GiB] torch.save {res['torch_save_s']:.3f} s ({res['torch_save_fsync_s']:.3f}"
         f" s with fsync); dcp.async_save blocks {res['dcp_async_block_s']:.3f} s; restore: "
         f"memory {res['restore_memory_in_process_s']:.3f} s, disk {res['restore_disk_s']:.3f} s"
-        f", torch.load {res['torch_load_s']:.3f} s"
+        f" (not in page cache), torch.load {res['torch_load_s']:.3f} s warm / "
+        f"{res['torch_load_cold_s']:.3f} s not cached"
     )
     del state
     res.update(crash_restore(size_gib, root))
@@ -261,14 +284,18 @@ def crash_restore(size_gib: float, root: str) -> dict[str, float]:
     """SIGKILL a saver after a memory save; time until a spare / a cold process has restored."""
     ckdir = os.path.join(root, f"crash-{size_gib}")
     me = [sys.executable, os.path.abspath(__file__)]
+    # As under dlrover-run: this process plays the agent (it owns the shm and the persister).
+    keeper = AgentCheckpointKeeper(f"bench-{os.getpid()}")
+    env = {**os.environ, **keeper.start()}
     saver = subprocess.Popen(
-        me + ["--child-save", ckdir, str(size_gib)], stdout=subprocess.PIPE, text=True
+        me + ["--child-save", ckdir, str(size_gib)], stdout=subprocess.PIPE, text=True, env=env
     )
     spare = subprocess.Popen(
         me + ["--child-restore", ckdir],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     out: dict[str, float] = {}
     try:
@@ -285,7 +312,7 @@ def crash_restore(size_gib: float, root: str) -> dict[str, float]:
         spare.wait()
         start = time.time()
         cold = subprocess.run(
-            me + ["--child-restore", ckdir, "--no-wait"], capture_output=True, text=True
+            me + ["--child-restore", ckdir, "--no-wait"], capture_output=True, text=True, env=env
         )
         doc = json.loads(cold.stdout.strip().splitlines()[-1])
         out["crash_to_restored_cold_s"] = doc["restored_at"] - start
@@ -295,12 +322,12 @@ def crash_restore(size_gib: float, root: str) -> dict[str, float]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        for path in shm_mod.slot_paths(standalone_namespace(ckdir)):
-            shm_mod.unlink_quietly(path)
+        keeper.close()  # removes the shm, as the agent does when it exits
         shutil.rmtree(ckdir, ignore_errors=True)
     say(
-        f"[{size_gib} GiB] crash -> restored: {out['crash_to_restored_spare_s']:.3f} s with a "
-        f"spare process (load() {out['restore_load_call_s']:.3f} s), "
+        f"[{size_gib} GiB] crash -> restored (agent-owned shm): "
+        f"{out['crash_to_restored_spare_s']:.3f} s with a spare process "
+        f"(load() {out['restore_load_call_s']:.3f} s), "
         f"{out['crash_to_restored_cold_s']:.3f} s with a cold interpreter "
         f"(of which importing torch {out['cold_import_s']:.3f} s)"
     )

@@ -315,31 +315,36 @@ class MemoryStore:
 
     # ---- read --------------------------------------------------------------------------
     def latest(self) -> MemoryCopy | None:
-        """The newest committed memory checkpoint saved by this rank in a world of this size."""
+        """The newest committed memory checkpoint saved by this rank in a world of this size.
+
+        Reads headers without mapping the slots (a restarted process maps only the one slot it
+        restores from, so restoring does not pay for populating the others).
+        """
         self.flush()
-        self.attach_existing()
         best: MemoryCopy | None = None
-        for i, slot in enumerate(self._slots):
-            if slot is None or not slot.file.lock(exclusive=False, timeout=5.0):
+        for i, path in enumerate(self.paths):
+            try:
+                found = shm.peek(path, timeout=5.0)
+            except CheckpointError as exc:
+                log.error("memory checkpoint in %s is unreadable: %s", path, exc)
+                continue
+            if found is None:
+                continue
+            header, meta = found
+            self.seq = max(self.seq, header.seq)  # later saves continue the sequence
+            if (
+                meta is None
+                or header.rank != self.rank
+                or header.world != self.world
+                or (best is not None and header.seq <= best.header.seq)
+            ):
                 continue
             try:
-                header = slot.file.header()
-                if (
-                    header is None
-                    or header.state != shm.STATE_COMMITTED
-                    or header.rank != self.rank
-                    or header.world != self.world
-                    or (best is not None and header.seq <= best.header.seq)
-                ):
-                    continue
-                try:
-                    layout, doc = decode_meta(slot.file.meta(header))
-                except CheckpointError as exc:
-                    log.error("memory checkpoint in %s is unreadable: %s", slot.file.path, exc)
-                    continue
-                best = MemoryCopy(i, header, doc, layout)
-            finally:
-                slot.file.unlock()
+                layout, doc = decode_meta(meta)
+            except CheckpointError as exc:
+                log.error("memory checkpoint in %s is unreadable: %s", path, exc)
+                continue
+            best = MemoryCopy(i, header, doc, layout)
         if best is not None:
             self.latest_index = best.index
         return best
@@ -347,7 +352,11 @@ class MemoryStore:
     def read(self, copy: MemoryCopy) -> Any:
         """Copy a memory checkpoint out of shm and rebuild its state dict."""
         slot = self._slots[copy.index]
-        assert slot is not None
+        if slot is None:
+            file = shm.SlotFile.open(self.paths[copy.index], writable=True)
+            if file is None:
+                raise CheckpointError(f"{self.paths[copy.index]}: vanished while loading")
+            slot = self._slots[copy.index] = _Slot(file)
         if not slot.file.lock(exclusive=False, timeout=30.0):
             raise CheckpointError(f"{slot.file.path}: still locked by a writer after 30 s")
         try:

@@ -133,23 +133,11 @@ class SlotFile:
     # Locks: flock is released by the kernel when a process dies, so a crash never wedges a slot.
     def try_lock(self, exclusive: bool) -> bool:
         """Take the slot's lock without waiting; False when another process holds it."""
-        op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-        try:
-            fcntl.flock(self.fd, op)
-            return True
-        except BlockingIOError:
-            return False
+        return _try_lock_fd(self.fd, exclusive)
 
     def lock(self, exclusive: bool, timeout: float | None = None) -> bool:
         """Take the slot's lock, waiting up to ``timeout`` seconds (None: forever)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.001
-        while not self.try_lock(exclusive):
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)  # flock has no timed wait; back off up to 50 ms
-            delay = min(delay * 2, 0.05)
-        return True
+        return _lock_fd(self.fd, exclusive, timeout)
 
     def unlock(self) -> None:
         """Release the lock."""
@@ -194,6 +182,49 @@ class SlotFile:
         except BufferError:
             log.debug("%s: views still exported; leaving the mapping to the GC", self.path)
         os.close(self.fd)
+
+
+def _try_lock_fd(fd: int, exclusive: bool) -> bool:
+    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    try:
+        fcntl.flock(fd, op)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _lock_fd(fd: int, exclusive: bool, timeout: float | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while not _try_lock_fd(fd, exclusive):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)  # flock has no timed wait; back off up to 50 ms
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def peek(path: str, timeout: float) -> tuple[SlotHeader, bytes | None] | None:
+    """Header (and metadata, if committed) of a slot file without mapping its data.
+
+    None when the file is missing, uninitialised, or stays write-locked for ``timeout``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        if not _lock_fd(fd, False, timeout):
+            return None
+        header = SlotHeader.unpack(os.pread(fd, _HEADER.size, 0))
+        if header is None or header.state != STATE_COMMITTED:
+            return (header, None) if header is not None else None
+        meta = os.pread(fd, header.meta_len, header.meta_off)
+        if len(meta) != header.meta_len or zlib.crc32(meta) != header.meta_crc:
+            raise CheckpointError(f"{path}: metadata checksum mismatch")
+        return header, meta
+    finally:
+        os.close(fd)  # also drops the lock
 
 
 def _reserve(fd: int, path: str, current: int, size: int) -> None:
