@@ -147,13 +147,18 @@ class DLRoverElasticAgent(LocalElasticAgent):
         if self._hosts_worker_store(worker_group) and worker_group.group_rank == 0:
             # A fresh store per round, listening before any worker starts: workers never wait
             # on connect retries, and never see a store or port of the group they replace.
-            self._worker_store = TCPStore(
-                host_name=str(worker_group.master_addr),
-                port=int(worker_group.master_port),
-                is_master=True,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=300),
-            )
+            try:
+                self._worker_store = TCPStore(
+                    host_name=str(worker_group.master_addr),
+                    port=int(worker_group.master_port),
+                    is_master=True,
+                    wait_for_workers=False,
+                    timeout=timedelta(seconds=300),
+                )
+            except (RuntimeError, OSError) as e:  # then rank 0's worker hosts it, as in torch
+                log.warning(
+                    "could not serve the workers' store on port %s: %s", worker_group.master_port, e
+                )
 
     def _initialize_workers(self, worker_group: WorkerGroup) -> None:
         if self._node_check is not None:
@@ -191,8 +196,9 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 "TORCHELASTIC_RESTART_COUNT": str(restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
                 "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+                # Only rank 0's worker reads it to decide whether to serve the store itself.
                 "TORCHELASTIC_USE_AGENT_STORE": str(
-                    spec.rdzv_handler.use_agent_store or self._hosts_worker_store(worker_group)
+                    spec.rdzv_handler.use_agent_store or self._worker_store is not None
                 ),
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
                     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
