@@ -11,10 +11,12 @@ measures, from the kill:
 
 Every launcher gets ``--trials`` kills in one run (a restart each). Before each kill it waits
 ``--settle`` seconds of training, and for dlrover-run also until its spare workers are ready. A
-restart that does not reach the loop within ``--trial-timeout`` counts as not recovered (torchrun
-then has often burnt its restarts on ``Gloo connectFullMesh failed ... Connection refused`` to the
-old group's address) and the launcher is started again. torchrun runs twice: as users run it (c10d
-rendezvous, its store shared with the workers) and with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+launcher may spend further restarts before its group is back (torchrun's restarted workers can
+fail with ``Gloo connectFullMesh failed ... Connection refused`` to the old group's address):
+those count as ``extra_restarts`` and the time runs on. A kill after which no group is back in
+the loop within ``--trial-timeout`` counts as not recovered, and the launcher is started again.
+torchrun runs twice: as users run it (c10d rendezvous, its store shared with the workers) and
+with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
 Ends with one JSON line.
 """
 
@@ -125,17 +127,23 @@ def wait(cond, timeout: float):
     return None
 
 
-def wait_loop(launcher: Launcher, restart: int, timeout: float) -> bool:
-    """Whether every rank of attempt `restart` entered its training loop within timeout."""
+def wait_loop(launcher: Launcher, restart: int, timeout: float) -> int | None:
+    """The first attempt >= `restart` whose ranks all entered the training loop within timeout
+    (a launcher may spend further restarts on the way), or None."""
 
-    def done() -> bool | None:
-        if len(launcher.group(restart, "loop")) == launcher.nproc:
-            return True
-        if launcher.proc.poll() is not None:  # the launcher gave up (restarts spent)
-            return False
+    def done() -> int | None:
+        attempts = {e["restart"] for e in launcher.read() if e["event"] == "loop"}
+        for attempt in sorted(a for a in attempts if a >= restart):
+            if len(launcher.group(attempt, "loop")) == launcher.nproc:
+                return attempt
         return None
 
-    return bool(wait(lambda: done() is not None, timeout)) and bool(done())
+    def finished() -> bool:
+        # the launcher gave up (restarts spent), or the group is back
+        return done() is not None or launcher.proc.poll() is not None
+
+    wait(finished, timeout)
+    return done()
 
 
 def measure(name: str, workdir: str, trials: int, settle: float, timeout: float, args: list[str]):
@@ -150,9 +158,9 @@ def measure(name: str, workdir: str, trials: int, settle: float, timeout: float,
         while len(results) + failed < trials:
             if launcher is None:
                 runs += 1
-                launcher = Launcher(name, workdir, nproc, trials + 1, args, runs)
+                launcher = Launcher(name, workdir, nproc, 3 * trials + 1, args, runs)
                 restart = 0
-                if not wait_loop(launcher, restart, 180):
+                if wait_loop(launcher, restart, 180) is None:
                     raise RuntimeError(f"{name} did not start training; see {launcher.log}")
             time.sleep(settle)
             if name == "dlrover-run":
@@ -160,17 +168,24 @@ def measure(name: str, workdir: str, trials: int, settle: float, timeout: float,
             victim = [e for e in launcher.group(restart, "loop") if e["rank"] == 1][0]
             t_kill = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
-            restart += 1
-            if not wait_loop(launcher, restart, timeout):
+            back = wait_loop(launcher, restart + 1, timeout)
+            if back is None:
                 failed += 1
-                print(f"{name}: restart {restart}: not back in the loop after {timeout}s")
+                print(f"{name}: after kill: not back in the loop within {timeout}s")
                 launcher.stop()
                 launcher = None
                 continue
+            extra = back - restart - 1  # restarts spent beyond the one for the kill
+            restart = back
             pg = max(e["t"] for e in launcher.group(restart, "pg_ready")) - t_kill
             loop = max(e["t"] for e in launcher.group(restart, "loop")) - t_kill
-            results.append({"pg_ready_s": round(pg, 3), "loop_s": round(loop, 3)})
-            print(f"{name}: kill {len(results)}: process group ready {pg:.3f}s, loop {loop:.3f}s")
+            results.append(
+                {"pg_ready_s": round(pg, 3), "loop_s": round(loop, 3), "extra_restarts": extra}
+            )
+            print(
+                f"{name}: kill {len(results)}: process group ready {pg:.3f}s, loop {loop:.3f}s"
+                + (f" ({extra} extra restart(s) on the way)" if extra else "")
+            )
     finally:
         if launcher is not None:
             launcher.stop()
@@ -178,7 +193,11 @@ def measure(name: str, workdir: str, trials: int, settle: float, timeout: float,
 
 
 def summary(results: list[dict], failed: int) -> dict:
-    out: dict = {"kills": len(results) + failed, "not_recovered": failed}
+    out: dict = {
+        "kills": len(results) + failed,
+        "not_recovered": failed,
+        "extra_restarts": sum(r["extra_restarts"] for r in results),
+    }
     for key in ("pg_ready_s", "loop_s"):
         values = [r[key] for r in results]
         out[f"{key}_median"] = round(statistics.median(values), 3) if values else None
