@@ -284,6 +284,11 @@ class MasterClient:
         )
         return self._call(self._stub.ReportCheckpoint, req)
 
+    def report_model_restored(self, global_step: int) -> None:
+        """Chief: the model was (re)loaded at global_step; every dataset goes back with it."""
+        req = data_pb2.LedgerRequest(node=self._node_pb(), global_step=global_step)
+        self._call(self._stub.RestoreLedger, req)
+
     def restore_ledger(self, dataset: str, global_step: int) -> data_pb2.LedgerSnapshot:
         req = data_pb2.LedgerRequest(node=self._node_pb(), dataset=dataset, global_step=global_step)
         return self._call(self._stub.RestoreLedger, req)

@@ -125,7 +125,8 @@ class MasterConfig:
     job_token: str = field(default="", repr=False)
     state_path: str = ":memory:"  # SQLite file of the job's durable state
     heartbeat_interval_seconds: float = 2.0
-    max_workers: int = 128  # gRPC server threads
+    # gRPC server threads, made as needed: torch agents each hold one or two in blocking calls.
+    max_workers: int = 512
     # TLS: tls_auto makes a per-job CA with mutual TLS; or give the master's cert and key
     # and the CA that nodes must trust (server-side TLS only).
     tls_auto: bool = False

@@ -145,6 +145,7 @@ class JobMaster:
         self._fired_faults: list[int] = []  # indices into the faults given at submit
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
+        self._chief_reports_restores = False
 
     # -- public -------------------------------------------------------------
 
@@ -252,6 +253,7 @@ class JobMaster:
             "started_wall": self._started_wall,
             "fired_faults": self._fired_faults,
             "training_done": self._training_done_at is not None,
+            "chief_reports_restores": self._chief_reports_restores,
             "addresses": [[t, r, a] for (t, r), a in sorted(self._addresses.items())],
         }
         self.store.put(JOB_TABLE, "runtime", json.dumps(record).encode())
@@ -272,6 +274,7 @@ class JobMaster:
         self._started_wall = record["started_wall"]
         self._started = time.monotonic() - max(0.0, time.time() - self._started_wall)
         self._fired_faults = list(record["fired_faults"])
+        self._chief_reports_restores = record.get("chief_reports_restores", False)
         if record["training_done"]:
             self._training_done_at = time.monotonic()
         self._addresses = {(t, int(r)): a for t, r, a in record["addresses"]}
@@ -430,6 +433,9 @@ class JobMaster:
             return
         node.extra["diagnosis"] = diagnosis
         requeued = self.sharding.release_everywhere(node.id)
+        if reason not in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
+            # Torch agents in a rendezvous round with it re-form without waiting for its lease.
+            self.rendezvous.node_died((node.type, node.rank), node.id)
         if reason in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
             self._emit(
@@ -452,7 +458,12 @@ class JobMaster:
                 deterministic=diagnosis.deterministic,
                 records_requeued=sum(requeued.values()),
             )
-        if node.type == "ps" and reason != ExitReason.STOPPED and self._training_done_at is None:
+        if (
+            node.type == "ps"
+            and reason != ExitReason.STOPPED
+            and self._training_done_at is None
+            and not self._chief_reports_restores  # else the chief's restore report says when
+        ):
             self._rollback_data()
         decision = decide_on_exit(
             node,
@@ -544,20 +555,36 @@ class JobMaster:
                 if not self.platform.signal_node(node.id, signal.SIGKILL):
                     self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
 
-    def _rollback_data(self) -> None:
-        """A PS lost its variables: the chief restores the latest checkpoint, so every
-        dataset goes back to the position saved with it (or to the start if none exists)."""
-        latest = self.checkpoints.latest()
-        step = latest.global_step if latest else 0
+    def on_model_restored(self, step: int) -> None:
+        """The chief reports each session it creates with the step its model was loaded at
+        (dlrover_tf.elastic_model_fn): the data goes back to exactly that step. From then on
+        a PS failure waits for this report instead of guessing the step."""
+        first = not self._chief_reports_restores
+        self._chief_reports_restores = True
+        if first:
+            self._save_runtime()
+        if step == 0 and all(s.records_done == 0 for s in self.sharding.stats()):
+            return  # a fresh start: nothing to go back from
+        self._rollback_data(step, reason="model_restored")
+
+    def _rollback_data(self, step: int | None = None, reason: str = "ps_failed") -> None:
+        """The model goes back to a checkpoint (a PS lost its variables, or the chief restored
+        one), so every dataset goes back to the position saved with it. Without a step: the
+        latest checkpoint the master knows of (or the start if none exists)."""
+        if step is None:
+            latest = self.checkpoints.latest()
+            step = latest.global_step if latest else 0
         done = {s.name: s.records_done for s in self.sharding.stats()}
         for name in self.sharding.names():
             self.sharding.restore_snapshot(name, step)
         for s in self.sharding.stats():
+            if done[s.name] == s.records_done and reason == "model_restored":
+                continue
             self._emit(
                 "rollback",
                 f"dataset {s.name}: back to the position of checkpoint step {step} "
                 f"({done[s.name] - s.records_done:,} records to train again)",
-                reason="ps_failed",
+                reason=reason,
                 dataset=s.name,
                 checkpoint_step=step,
                 records_to_redo=done[s.name] - s.records_done,

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import grpc
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
-DEFAULT_RATE_PER_SECOND = 200.0
-DEFAULT_BURST = 400.0
+DEFAULT_RATE_PER_SECOND = 500.0
+DEFAULT_BURST = 1000.0
 # Peers not seen for this long are forgotten, so the table stays small.
 IDLE_FORGET_SECONDS = 300.0
 

@@ -279,6 +279,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_guard
     def RestoreLedger(self, request, context):  # noqa: N802
         self._node(request.node)
+        if not request.dataset:
+            if request.global_step < 0:
+                raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+            self.job.on_model_restored(request.global_step)
+            return data_pb2.LedgerSnapshot(global_step=request.global_step)
         return ledger_pb(self.job.sharding.restore_snapshot(request.dataset, request.global_step))
 
 

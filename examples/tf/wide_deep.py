@@ -435,8 +435,15 @@ def main(argv: list[str] | None = None) -> int:
         experimental_max_worker_delay_secs=0,
     )
     task = f"{config.task_type}:{config.task_id}"
+    if args.input == "dlrover" and config.task_type in ("chief", "worker"):
+        from dlrover_tf.elastic_ps import elastic_model_fn
+
+        # Sessions rebuilt after a PS failure (and the first ones) start once the chief is ready.
+        fn = elastic_model_fn(model_fn)
+    else:
+        fn = model_fn
     estimator = tf.estimator.Estimator(
-        model_fn,
+        fn,
         config=config,
         params={"num_ps": config.num_ps_replicas, "log_every": 200, "task": task},
     )
@@ -452,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hooks: list[tf.estimator.SessionRunHook] = []
     listeners: list[tf.estimator.CheckpointSaverListener] = []
-    if not config.is_chief and config.task_type == "worker":
+    if not config.is_chief and config.task_type == "worker" and args.input != "dlrover":
         hooks.append(WaitForChiefHook(args.model_dir, timeout_secs=60))
     if args.log_trained_ids:
         # Before the progress hook: a step's ids are on disk before the master hears of it, so a

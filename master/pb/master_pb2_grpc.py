@@ -168,7 +168,8 @@ class MasterServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def RestoreLedger(self, request, context):
-        """Restores the latest snapshot saved at or before global_step.
+        """Restores the latest snapshot saved at or before global_step. With no dataset:
+        the chief restored its model at global_step, so every dataset goes back with it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

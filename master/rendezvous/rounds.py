@@ -216,6 +216,11 @@ class RoundStateMachine:
         if self._is_member(key):
             self._departed.add(key)
 
+    def lose(self, key: NodeKey, node_id: int) -> None:
+        """The master saw this incarnation die: lost now, not when its lease runs out."""
+        if self._ids.get(key) == node_id and key in self._seen:
+            self._expire(key)
+
     def set_closed(self) -> None:
         self.closed = True
 

@@ -149,6 +149,14 @@ class RendezvousService:
             run = self._runs.get(run_id)
             return run.number if run else 0
 
+    def node_died(self, key: NodeKey, node_id: int) -> None:
+        """A node's process ended abnormally: every run it is part of learns it at once."""
+        with self._cond:
+            for run_id, run in self._runs.items():
+                run.lose(key, node_id)
+                self._advance(run_id, run)
+            self._cond.notify_all()
+
     def wake(self) -> None:
         """Wake every blocked call so it re-checks its state (e.g. its RPC was cancelled)."""
         with self._cond:

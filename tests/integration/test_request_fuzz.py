@@ -94,7 +94,7 @@ class Generator:
             return self.rng.choice(self.datasets), OK
         if r < 0.95:
             return "no-such-" + str(self.rng.randint(0, 9)), NOT_FOUND
-        return "x" * self.rng.choice([0, 1000, 100_000]), NOT_FOUND
+        return "x" * self.rng.choice([1000, 100_000]), NOT_FOUND
 
     def draw(self) -> tuple[str, object, grpc.StatusCode | None]:
         """(method, request, expected status); None: valid, the answer depends on state."""

@@ -191,6 +191,19 @@ def test_a_lost_member_breaks_the_round_and_the_rest_continue_smaller():
         m.wait_status(("worker", 2), 102, 1)  # the lost node is out of every round
 
 
+def test_a_member_the_master_saw_die_is_lost_at_once_not_at_its_lease():
+    m = machine(min_nodes=2, max_nodes=3, last_call=1.0, lease=60.0)
+    join_all(m, [node(0), node(1), node(2)])
+    assert m.advance(0.0).number == 1
+    m.lose(("worker", 2), 999)  # another incarnation's death: ignored
+    assert m.waiting(("worker", 0), 100, 1) == 0
+    m.lose(("worker", 2), 102)
+    assert m.waiting(("worker", 0), 100, 1) >= 1  # long before the 60 s lease ran out
+    join_all(m, [node(0), node(1)], now=0.5)
+    closed = m.advance(2.0)
+    assert closed.number == 2 and [p.rank for p in closed.members] == [0, 1]
+
+
 def test_when_fewer_than_min_remain_no_round_forms():
     m = machine(min_nodes=2, max_nodes=2, lease=5.0)
     join_all(m, [node(0), node(1)])

@@ -1,0 +1,133 @@
+"""In-process session recovery for `tf.estimator` PS jobs, without patching TF.
+
+After a PS fails, every worker's session ends and TF builds a new one; a non-chief worker's new
+session is ready only once the chief has restored the variables, and TF checks that every
+`recovery_wait_secs` (30 s, not exposed by the estimator), so a worker that checks too early
+sleeps 30 s. Here the chief announces each session it creates (a generation counter in the
+master's KV store) and a worker's first readiness check (`ready_for_local_init_op`) first waits
+for a chief session newer than the one its previous session used: the check then passes, and
+training resumes as soon as the chief has restored. The chief also tells the master the step
+its model was loaded at, from its own readiness check (before the estimator's checkpoint saver
+re-saves the restored model), so the data goes back to exactly that step: after a PS failure,
+and after a chief restart, which reloads the latest checkpoint too.
+
+Wrap the model function: `Estimator(elastic_model_fn(model_fn), ...)`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from master.client import KVClient, MasterClient, MasterError
+
+log = logging.getLogger(__name__)
+
+GENERATION_KEY = b"dlrover/tf/chief_session"
+# Past this, a worker checks readiness the TF way (its session failed for another reason).
+GATE_TIMEOUT_SECONDS = 30.0
+
+
+def _generation_key(n: int) -> bytes:
+    return GENERATION_KEY + b"/" + str(n).encode()
+
+
+class ChiefSessionGate:
+    """The chief's session generations, announced by the chief and awaited by workers."""
+
+    def __init__(self, master: MasterClient, timeout: float = GATE_TIMEOUT_SECONDS) -> None:
+        self._master = master
+        self._kv = KVClient(master)
+        self._timeout = timeout
+        self._seen = 0  # the chief generation this worker's current session was made after
+
+    def report_restored(self, global_step: object) -> bool:
+        """Chief, while its session is made: the model was initialised or restored at
+        global_step, so the master rolls the data back to it. This runs inside the session's
+        readiness check, before any hook can save a checkpoint of the restored model."""
+        step = int(global_step)
+        self._master.report_model_restored(step)
+        log.info("model loaded at global step %d; the data position follows it", step)
+        return True
+
+    def announce(self) -> int:
+        """Chief: its session is ready; workers waiting for a newer one go on. Returns its id."""
+        n = self._kv.add(GENERATION_KEY, 1)
+        self._kv.set(_generation_key(n), b"ready")
+        log.info("chief session %d is ready", n)
+        return n
+
+    def wait_for_newer(self) -> bool:
+        """Worker: block until the chief has a session newer than the last one seen."""
+        started = time.monotonic()
+        try:
+            newer = self._kv.wait([_generation_key(self._seen + 1)], self._timeout)
+            self._seen = self._kv.add(GENERATION_KEY, 0)
+        except MasterError as e:
+            log.warning("cannot learn the chief's state (%s); checking readiness the TF way", e)
+            return True
+        waited = time.monotonic() - started
+        if newer:
+            log.info("chief session %d is ready (waited %.1f s)", self._seen, waited)
+        else:
+            log.warning("no new chief session after %.0f s; checking readiness anyway", waited)
+        return True
+
+
+class _AnnounceHook(tf.estimator.SessionRunHook):
+    def __init__(self, gate: ChiefSessionGate) -> None:
+        self._gate = gate
+
+    def after_create_session(self, session: tf.compat.v1.Session, coord: object) -> None:
+        self._gate.announce()
+
+
+def _reporting_ready_op(gate: ChiefSessionGate) -> tf.Tensor:
+    """TF's default readiness report on the chief, first telling the master the step the
+    model was loaded at (it runs after the restore, before the session's hooks)."""
+    step = tf.compat.v1.train.get_or_create_global_step()
+    reported = tf.compat.v1.py_func(gate.report_restored, [step], tf.bool, stateful=True)
+    with tf.control_dependencies([reported]):
+        return tf.compat.v1.report_uninitialized_variables(name="dlrover_reporting_ready_op")
+
+
+def _gated_ready_for_local_init_op(gate: ChiefSessionGate) -> tf.Tensor:
+    """TF's default first readiness check (are the global variables initialised?), run only
+    after the gate lets the worker through. It is the first check of every session attempt."""
+    opened = tf.compat.v1.py_func(gate.wait_for_newer, [], tf.bool, stateful=True)
+    with tf.control_dependencies([opened]):
+        return tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables(), name="dlrover_gated_ready_for_local_init"
+        )
+
+
+def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -> Callable:
+    """Wrap an estimator model_fn so sessions rebuilt after a PS failure resume at once."""
+    accepted = set(inspect.signature(model_fn).parameters)
+
+    def wrapped(features, labels, mode, params, config):  # noqa: ANN001 (estimator's contract)
+        given = {"features": features, "labels": labels, "mode": mode}
+        given |= {"params": params, "config": config}
+        spec = model_fn(**{k: v for k, v in given.items() if k in accepted})
+        if mode != tf.estimator.ModeKeys.TRAIN or config is None or not config.cluster_spec:
+            return spec
+        the_gate = gate or ChiefSessionGate(MasterClient.from_env())
+        if config.is_chief:
+            scaffold = tf.compat.v1.train.Scaffold(
+                ready_op=_reporting_ready_op(the_gate), copy_from_scaffold=spec.scaffold
+            )
+            hooks = (*spec.training_chief_hooks, _AnnounceHook(the_gate))
+            return spec._replace(scaffold=scaffold, training_chief_hooks=hooks)
+        if config.task_type != "worker":
+            return spec
+        scaffold = tf.compat.v1.train.Scaffold(
+            ready_for_local_init_op=_gated_ready_for_local_init_op(the_gate),
+            copy_from_scaffold=spec.scaffold,
+        )
+        return spec._replace(scaffold=scaffold)
+
+    return wrapped
