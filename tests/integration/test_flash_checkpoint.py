@@ -221,6 +221,5 @@ def test_fsdp_sharded_checkpoint_is_readable_by_torch_dcp(tmp_path, ckdir):
 
     dcp_to_torch_save(storage.step_dir(ckdir, 1), str(tmp_path / "full.pt"))
     full = torch.load(tmp_path / "full.pt", weights_only=False)
-    torch.manual_seed(0)
-    want = torch.randn(6, 4) + 1.0
-    assert torch.equal(full["model"]["w"], want) and full["optim"]["step"] == 7
+    assert full["model"]["0.weight"].shape == (16, 8) and full["epoch"] == 3
+    assert full["optim"]["state"]["2.weight"]["exp_avg"].shape == (4, 16)
