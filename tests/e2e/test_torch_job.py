@@ -50,3 +50,39 @@ def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
     # Training went on after the kill from a checkpoint, not from step 0.
     resumed = [e for e in evs if e["event"] == "loop" and e["step"] > 0]
     assert resumed, "no group resumed from the checkpoint"
+
+
+def test_torch_job_survives_its_master_being_killed(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with open(os.path.join(ROOT, "examples", "torch", "job.yaml")) as f:
+        job = yaml.safe_load(f)
+    command = list(job["command"])
+    script = command.index("train.py")
+    command[script:] = [TRAIN, "--steps", str(STEPS), "--step-seconds", "0.05"]
+    command += ["--events", str(events), "--ckpt-every", "5"]
+    job.update(name="torch-master-kill", command=command, workdir=str(tmp_path))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    summary = tmp_path / "summary.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+        + ["--kill", "master:0@step=30", "--summary-json", str(summary)]
+        + ["--status-interval", "5", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=380,
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert "master died (killed by SIGKILL); restarting it" in out.stdout
+    result = json.loads(summary.read_text())
+    assert result["status"] == "succeeded", result
+    # Both node agents ran from start to end: the new master adopted them, relaunched none.
+    assert [(n["type"], n["rank"], n["relaunches"]) for n in result["nodes"]] == [
+        ("worker", 0, 0),
+        ("worker", 1, 0),
+    ]
+    evs = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
+    assert done and {e["world"] for e in done} == {2}
