@@ -98,3 +98,20 @@ def test_unreadable_tracker_is_ignored(tmp_path):
     (tmp_path / storage.TRACKER).write_bytes(b"\x00garbage")
     assert storage.read_tracker(str(tmp_path)) is None
     assert storage.committed_steps(str(tmp_path)) == [5]
+
+
+def test_page_aligned_files_are_read_directly_and_still_verified(tmp_path, monkeypatch):
+    monkeypatch.setattr(storage, "CHUNK_BYTES", 8192)
+    data = os.urandom(5 * 4096)
+    path = str(tmp_path / "aligned")
+    digest = storage.write_durable(path, [data], direct=True)
+    import mmap
+
+    buf = mmap.mmap(-1, len(data))  # page aligned, as restore buffers are
+    storage.read_verified(path, digest, memoryview(buf))
+    assert buf[:] == data
+    with open(path, "r+b") as fh:
+        fh.seek(4096 * 4 + 7)
+        fh.write(b"\x00" if data[4096 * 4 + 7] else b"\x01")
+    with pytest.raises(CorruptCheckpointError, match="bytes 16384..20480"):
+        storage.read_verified(path, digest, memoryview(buf))
