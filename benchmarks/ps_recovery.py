@@ -9,9 +9,14 @@ step (`--kill-step`, after the first 500-step checkpoint):
   started again from the latest checkpoint in the same model dir, the manual recovery without
   an elastic master (its data position restarts from scratch, not measured here).
 
-Recovery time = from the failure to the first step that moves the data forward again, polled
-every 0.2 s through `dlrover status`. Steps lost = global step at the failure minus the
-checkpoint step training continued from. Ends with one JSON line.
+- migration: `dlrover migrate ps-0 --memory-mb M` at the same step: the chief checkpoints at
+  its next step, the PS is replaced at the same address with the new memory, the chief
+  restores that checkpoint (`dlrover_tf.elastic_model_fn`), workers resume.
+
+Recovery time = from the failure (or the migrate call) to the first step that moves the data
+forward again, polled every 0.2 s through a client of the master. Steps lost = global step at
+the failure minus the checkpoint step training continued from (for the migration: the records
+rolled back, in steps). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -29,11 +34,21 @@ import time
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from master.client import MasterClient, MasterError, read_token  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 POLL_SECONDS = 0.2
 _STATUS_STEP = re.compile(r"global step (\d+)")
 _STATUS_DONE = re.compile(r"dataset train: ([\d,]+)/")
+
+
+def batch_size() -> int:
+    """The example job's batch size (records per step)."""
+    with open(os.path.join(EXAMPLE, "job.yaml")) as f:
+        command = yaml.safe_load(f)["command"]
+    return int(command[command.index("--batch-size") + 1])
 
 
 def write_job(workdir: str, records: int) -> str:
@@ -50,7 +65,7 @@ def write_job(workdir: str, records: int) -> str:
 
 
 class Job:
-    """A `dlrover submit` in the background, watched through `dlrover status`."""
+    """A `dlrover submit` in the background, watched through a client of its master."""
 
     def __init__(self, job_yaml: str, run_dir: str, *extra: str) -> None:
         cmd = [sys.executable, "-m", "master.cli", "submit", job_yaml, "--run-dir", run_dir]
@@ -61,18 +76,19 @@ class Job:
         first = self.proc.stdout.readline()
         self.addr = first.split("master at ")[1].split(",")[0]
         self.token_file = os.path.join(run_dir, ".job_token")
+        token = read_token({"DLROVER_JOB_TOKEN_FILE": self.token_file})
+        # Polled in process (a `dlrover status` process per poll would load the machine).
+        self.client = MasterClient(self.addr, token, retry_seconds=1.0, call_timeout=10.0)
 
     def status(self) -> tuple[int, int] | None:
         """(global step, records done), or None once the job is gone."""
-        out = subprocess.run(
-            [sys.executable, "-m", "master.cli", "status", "--addr", self.addr,
-             "--token-file", self.token_file],
-            capture_output=True, text=True, cwd=ROOT,
-        )  # fmt: skip
-        step, done = _STATUS_STEP.search(out.stdout), _STATUS_DONE.search(out.stdout)
-        if out.returncode != 0 or not step:
+        try:
+            st = self.client.job_status()
+        except MasterError:
             return None
-        return int(step.group(1)), int(done.group(1).replace(",", "")) if done else 0
+        if st.status in ("succeeded", "failed", "stopped"):
+            return None
+        return st.global_step, sum(d.records_done for d in st.datasets)
 
     def wait_step(self, step: int, timeout: float = 600.0) -> tuple[float, int, int]:
         deadline = time.monotonic() + timeout
@@ -90,34 +106,66 @@ class Job:
             return json.load(f)
 
 
-def elastic_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
-    run_dir = os.path.join(workdir, "elastic")
-    job = Job(job_yaml, run_dir, "--kill", f"ps:0@step={kill_step}")
-    _, step_at_kill, done_before = job.wait_step(kill_step)
-    low = None  # records done right after the rollback
-    resumed = None
-    while resumed is None:
+def _watch_resume(job: Job, done_before: int) -> float | None:
+    """Wall time at which the data moves forward again after its rollback (None: job ended)."""
+    low = None  # records done once the rollback has happened
+    while True:
         s = job.status()
         if s is None:
-            break
+            return None
         if low is None and s[1] < done_before:
             low = s[1]
         elif low is not None and s[1] > low:
-            resumed = time.time()
-        elif low is not None:
-            low = min(low, s[1])
-        done_before = max(done_before, s[1]) if low is None else done_before
+            return time.time()
+        elif low is None:
+            done_before = max(done_before, s[1])
         time.sleep(POLL_SECONDS)
+
+
+def _restored_step(summary: dict) -> int:
+    rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
+    return int(rollback[-1].split("checkpoint step ")[1].split(" ")[0]) if rollback else 0
+
+
+def elastic_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
+    run_dir = os.path.join(workdir, "elastic")
+    job = Job(job_yaml, run_dir, "--kill", f"ps:0@step={kill_step}")
+    _, _, done_before = job.wait_step(kill_step)
+    resumed = _watch_resume(job, done_before)
     summary = job.finish()
     fault = next(e for e in summary["events"] if e["kind"] == "fault")
-    rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
-    ckpt = int(rollback[0].split("checkpoint step ")[1].split(" ")[0]) if rollback else 0
+    ckpt = _restored_step(summary)
     step_at_kill = int(fault["message"].rsplit("at global step ", 1)[1].rstrip(")"))
     return {
         "recovery_seconds": round((resumed or time.time()) - fault["time"], 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "steps_lost": max(0, step_at_kill - ckpt),
+        "job_status": summary["status"],
+        "wall_seconds": summary["wall_seconds"],
+    }
+
+
+def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> dict:
+    """`dlrover migrate ps-0 --memory-mb M` at a global step: checkpoint, replace, restore."""
+    run_dir = os.path.join(workdir, "migration")
+    job = Job(job_yaml, run_dir)
+    _, _, done_before = job.wait_step(at_step)
+    asked = time.time()
+    reply = job.client.migrate("ps", 0, memory_mb=memory_mb, reason="benchmark")
+    moved = time.time()
+    resumed = _watch_resume(job, done_before)
+    summary = job.finish()
+    redo = sum(
+        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
+    )
+    return {
+        "migrate_call_seconds": round(moved - asked, 2),
+        "recovery_seconds": round((resumed or time.time()) - asked, 2),
+        "checkpoint_step": reply.checkpoint_step,
+        "restored_from_step": _restored_step(summary) or reply.checkpoint_step,
+        "records_to_train_again": redo,
+        "steps_lost": -(-redo // batch_size()),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
     }
@@ -156,11 +204,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=160_000)
     p.add_argument("--kill-step", type=int, default=800)
+    p.add_argument("--memory-mb", type=int, default=2048, help="the migrated PS's memory")
     p.add_argument("--json-only", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ps-") as workdir:
         job_yaml = write_job(workdir, args.records)
         elastic = elastic_run(job_yaml, workdir, args.kill_step)
+        migration = migration_run(job_yaml, workdir, args.kill_step, args.memory_mb)
         baseline = baseline_run(job_yaml, workdir, args.kill_step)
     ratio = baseline["recovery_seconds"] / max(elastic["recovery_seconds"], 1e-9)
     if not args.json_only:
@@ -170,12 +220,19 @@ def main() -> int:
                 f" at step {r['global_step_at_failure']}, from checkpoint step "
                 f"{r['restored_from_step']} ({r['steps_lost']} steps to redo)"
             )
+        print(
+            f"PS migration : training resumed {migration['recovery_seconds']:6.1f} s after "
+            f"`dlrover migrate` (the call took {migration['migrate_call_seconds']:.1f} s), "
+            f"checkpoint step {migration['checkpoint_step']}, "
+            f"{migration['steps_lost']} steps to redo"
+        )
         print(f"recovery time: full restart / elastic = {ratio:.2f}x")
     print(
         json.dumps(
             {
                 "benchmark": "ps_recovery",
                 "ps_failure": {"elastic": elastic, "full_restart": baseline},
+                "ps_migration": migration,
                 "recovery_speedup": round(ratio, 3),
             }
         )

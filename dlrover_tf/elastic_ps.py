@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 
 import tensorflow as tf
 
-from master.client import KVClient, MasterClient, MasterError
+from master.client import CHECKPOINT_REQUESTS_KEY, KVClient, MasterClient, MasterError
 
 log = logging.getLogger(__name__)
 
 GENERATION_KEY = b"dlrover/tf/chief_session"
 # Past this, a worker checks readiness the TF way (its session failed for another reason).
 GATE_TIMEOUT_SECONDS = 30.0
+# A blocking wait for the next checkpoint request is renewed this often.
+REQUEST_POLL_SECONDS = 10.0
 
 
 def _generation_key(n: int) -> bytes:
@@ -40,7 +44,7 @@ class ChiefSessionGate:
     """The chief's session generations, announced by the chief and awaited by workers."""
 
     def __init__(self, master: MasterClient, timeout: float = GATE_TIMEOUT_SECONDS) -> None:
-        self._master = master
+        self.master = master
         self._kv = KVClient(master)
         self._timeout = timeout
         self._seen = 0  # the chief generation this worker's current session was made after
@@ -50,7 +54,7 @@ class ChiefSessionGate:
         global_step, so the master rolls the data back to it. This runs inside the session's
         readiness check, before any hook can save a checkpoint of the restored model."""
         step = int(global_step)
-        self._master.report_model_restored(step)
+        self.master.report_model_restored(step)
         log.info("model loaded at global step %d; the data position follows it", step)
         return True
 
@@ -76,6 +80,56 @@ class ChiefSessionGate:
         else:
             log.warning("no new chief session after %.0f s; checking readiness anyway", waited)
         return True
+
+
+class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
+    """Chief: checkpoints at the next step boundary when the master asks (a PS migration).
+
+    A thread waits on the master's KV store for the next request, so a step costs nothing
+    more than reading a flag. The ledger snapshots go first, then the checkpoint, then its
+    report: the master moves on once the report arrives."""
+
+    def __init__(self, master: MasterClient, model_dir: str) -> None:
+        self._master = master
+        self._kv = KVClient(master)
+        self._model_dir = model_dir
+        self._requested = threading.Event()
+        self._stop = threading.Event()
+
+    def begin(self) -> None:
+        self._global_step = tf.compat.v1.train.get_global_step()
+        self._saver = tf.compat.v1.train.Saver(sharded=True)
+        served = self._kv.add(CHECKPOINT_REQUESTS_KEY, 0)
+        threading.Thread(
+            target=self._watch, args=(served,), name="dlrover-ckpt-requests", daemon=True
+        ).start()
+
+    def _watch(self, served: int) -> None:
+        while not self._stop.is_set():
+            try:
+                key = CHECKPOINT_REQUESTS_KEY + b"/" + str(served + 1).encode()
+                if self._kv.wait([key], REQUEST_POLL_SECONDS):
+                    served += 1
+                    self._requested.set()
+            except MasterError as e:
+                log.warning("watching for checkpoint requests: %s", e)
+                self._stop.wait(1.0)
+
+    def after_run(self, run_context: tf.estimator.SessionRunContext, run_values: object) -> None:
+        if not self._requested.is_set():
+            return
+        self._requested.clear()
+        session = run_context.session
+        step = int(session.run(self._global_step))
+        self._master.save_ledgers(step)
+        path = self._saver.save(
+            session, os.path.join(self._model_dir, "model.ckpt"), global_step=step
+        )
+        self._master.report_checkpoint(step, path, ())
+        log.info("checkpoint on request at global step %d: %s", step, path)
+
+    def end(self, session: tf.compat.v1.Session) -> None:
+        self._stop.set()
 
 
 class _AnnounceHook(tf.estimator.SessionRunHook):
@@ -120,7 +174,11 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             scaffold = tf.compat.v1.train.Scaffold(
                 ready_op=_reporting_ready_op(the_gate), copy_from_scaffold=spec.scaffold
             )
-            hooks = (*spec.training_chief_hooks, _AnnounceHook(the_gate))
+            hooks = (
+                *spec.training_chief_hooks,
+                _AnnounceHook(the_gate),
+                _CheckpointOnRequestHook(the_gate.master, config.model_dir),
+            )
             return spec._replace(scaffold=scaffold, training_chief_hooks=hooks)
         if config.task_type != "worker":
             return spec

@@ -134,7 +134,14 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("node", metavar="TYPE-RANK", help="e.g. worker-1")
     lg.add_argument("--run-dir", required=True, help="the job's run dir (printed at start)")
     lg.add_argument("--tail", type=int, default=0, help="only the last N lines of each")
-    for cmd in (st, sc):
+    mg = sub.add_parser(
+        "migrate", help="move a PS to new CPU or memory while the job trains (same address)"
+    )
+    mg.add_argument("node", metavar="TYPE-RANK", help="e.g. ps-0")
+    mg.add_argument("--memory-mb", type=int, default=0, help="the new memory limit")
+    mg.add_argument("--cpu", type=float, default=0.0, help="the new CPU count")
+    mg.add_argument("--reason", default="", help="shown in the job's events")
+    for cmd in (st, sc, mg):
         cmd.add_argument("--addr", required=True, help="master host:port")
         cmd.add_argument("--token-file", required=True, help="the run's .job_token file")
         cmd.add_argument("--ca-file", default="", help="TLS: the CA of a master run with --tls")
@@ -150,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args)
     if args.cmd == "scale":
         return _scale(args)
+    if args.cmd == "migrate":
+        return _migrate(args)
     if args.cmd == "logs":
         return _logs(args)
     if args.cmd == "chaos":
@@ -332,6 +341,27 @@ def _scale(args: argparse.Namespace) -> int:
         return 2
     version = reply.cluster_version
     print(f"{node_type}: {reply.previous} -> {reply.replicas} (cluster version {version})")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from master.client import MasterError
+
+    node_type, _, rank = args.node.rpartition("-")
+    if not node_type or not rank.isdigit():
+        print(f"dlrover: error: {args.node!r}: expected TYPE-RANK, e.g. ps-0", file=sys.stderr)
+        return 2
+    try:
+        reply = _admin_client(args).migrate(
+            node_type, int(rank), args.memory_mb, args.cpu, args.reason
+        )
+    except MasterError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.node} moved: now id {reply.node_id}, restoring the checkpoint of step "
+        f"{reply.checkpoint_step}"
+    )
     return 0
 
 

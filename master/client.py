@@ -41,6 +41,9 @@ ENV_JOB_TOKEN = "DLROVER_JOB_TOKEN"
 ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 
 T = TypeVar("T")
+# KV keys the master and the TF chief share: the n-th checkpoint request is the key
+# "<CHECKPOINT_REQUESTS_KEY>/<n>" (the master counts requests under the key itself).
+CHECKPOINT_REQUESTS_KEY = b"dlrover/tf/checkpoint_requests"
 # Retried with backoff: the master is away (restarting), or asks this node to slow down.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -224,6 +227,20 @@ class MasterClient:
     def scale(self, node_type: str, replicas: int, reason: str = "") -> nodes_pb2.ScaleReply:
         req = nodes_pb2.ScaleRequest(node_type=node_type, replicas=replicas, reason=reason)
         return self._call(self._stub.Scale, req)
+
+    def migrate(
+        self, node_type: str, rank: int, memory_mb: int = 0, cpu: float = 0.0, reason: str = ""
+    ) -> nodes_pb2.MigrateReply:
+        """Move a node (a PS) to new resources; returns once the new incarnation runs."""
+        req = nodes_pb2.MigrateRequest(
+            node_type=node_type, rank=rank, memory_mb=memory_mb, cpu=cpu, reason=reason
+        )
+        return self._call(self._stub.MigrateNode, req, timeout=self.call_timeout + 300)
+
+    def save_ledgers(self, global_step: int) -> None:
+        """Snapshot every dataset's ledger at global_step (just before a checkpoint)."""
+        req = data_pb2.LedgerRequest(node=self._node_pb(), global_step=global_step)
+        self._call(self._stub.SaveLedger, req)
 
     def cluster_spec(self) -> cluster_pb2.ClusterSpec:
         return self._call(self._stub.GetClusterSpec, self._node_pb())

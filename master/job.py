@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.checkpoints import CheckpointRegistry
+from master.checkpoints import Checkpoint, CheckpointRegistry
 from master.client import (
     ENV_JOB_TOKEN_FILE,
     ENV_MASTER_ADDR,
@@ -29,6 +29,7 @@ from master.diagnosis import Diagnosis, diagnose_exit, find_stragglers
 from master.events import EVENTS_FILE, EventLog, JobEvent, read_events
 from master.faults import MASTER, Fault, due
 from master.kv.store import KVStore
+from master.migration import MigrateResult, PSMigrator
 from master.nodes.manager import NodeManager
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
 from master.nodes.policy import (
@@ -146,6 +147,11 @@ class JobMaster:
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
+        self._checkpoint_reports = 0
+        self._last_checkpoint_step = 0
+        self.migrator = PSMigrator(
+            self.kv, self._checkpoints_reported, self.nodes.current, self._retire_node, self.emit
+        )
 
     # -- public -------------------------------------------------------------
 
@@ -311,15 +317,19 @@ class JobMaster:
         except queue.Empty:
             pass
         self._apply_scale_requests()
+        self.migrator.advance()
         self._check_heartbeats()
         self._check_hangs()
         self._check_stragglers()
         self._inject_faults()
         self._check_completion()
 
-    def _launch(self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0) -> Node:
+    def _launch(
+        self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
+    ) -> Node:
         group = self.spec.group(node_type)
         node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
+        node.cpu = cpu or group.cpu
         address = self._address(node_type, rank)
         log_path = os.path.join(self.runtime.run_dir, "logs", f"{node.name}.{node.id}.log")
         launch = NodeLaunchSpec(
@@ -330,7 +340,7 @@ class JobMaster:
             env=self._env(node),
             workdir=self.spec.workdir,
             log_path=log_path,
-            cpu=group.cpu,
+            cpu=node.cpu,
             memory_mb=node.memory_mb,
         )
         self.platform.launch(launch)
@@ -356,7 +366,7 @@ class JobMaster:
             env={},
             workdir=self.spec.workdir,
             log_path=node.log_path,
-            cpu=group.cpu,
+            cpu=node.cpu or group.cpu,
             memory_mb=node.memory_mb,
         )
 
@@ -458,6 +468,15 @@ class JobMaster:
                 deterministic=diagnosis.deterministic,
                 records_requeued=sum(requeued.values()),
             )
+        migration = self.migrator.on_exit(node)
+        if migration is not None:
+            new = self._launch(
+                node.type, node.rank, node.relaunches, migration.memory_mb, migration.cpu
+            )
+            if not self._chief_reports_restores:
+                self._rollback_data()  # to the checkpoint made for the migration
+            self.migrator.finished(migration, new)
+            return
         if (
             node.type == "ps"
             and reason != ExitReason.STOPPED
@@ -554,6 +573,34 @@ class JobMaster:
                 node.extra["straggler_replaced"] = True
                 if not self.platform.signal_node(node.id, signal.SIGKILL):
                     self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+
+    def request_migrate(
+        self,
+        node_type: str,
+        rank: int,
+        memory_mb: int = 0,
+        cpu: float = 0.0,
+        reason: str = "",
+        timeout: float = 300.0,
+    ) -> MigrateResult:
+        """Move a PS to new resources (see master.migration); waits until the new one runs."""
+        if self.state.ended:
+            raise ValueError(f"the job has already ended ({self.state.value})")
+        done = self.migrator.request(
+            node_type, rank, memory_mb, cpu, reason, self._replicas.get(node_type, 0)
+        )
+        return done.result(timeout)
+
+    def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
+        """The chief finished writing a checkpoint (with its ledger snapshots)."""
+        self.checkpoints.report(checkpoint)
+        with self._lock:
+            self._checkpoint_reports += 1
+            self._last_checkpoint_step = checkpoint.global_step
+
+    def _checkpoints_reported(self) -> tuple[int, int]:
+        with self._lock:
+            return self._checkpoint_reports, self._last_checkpoint_step
 
     def on_model_restored(self, step: int) -> None:
         """The chief reports each session it creates with the step its model was loaded at
@@ -735,6 +782,14 @@ class JobMaster:
         if any(n.type == "ps" and not n.state.ended for n in self.nodes.all_current()):
             return
         self._set_state(JobState.SUCCEEDED, "chief and workers finished")
+
+    def _retire_node(self, node: Node) -> None:
+        """Stop a node at once (its state is saved elsewhere, e.g. a PS after a checkpoint):
+        every step the others take meanwhile would be trained again after the restore."""
+        node.stop_requested = True
+        self.nodes.save(node)
+        if not self.platform.signal_node(node.id, signal.SIGKILL):
+            self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
 
     def _stop_node(self, node: Node) -> None:
         node.stop_requested = True

@@ -164,6 +164,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
 
     @_guard
+    def MigrateNode(self, request, context):  # noqa: N802
+        result = self.job.request_migrate(
+            request.node_type,
+            request.rank,
+            request.memory_mb,
+            request.cpu,
+            request.reason or "by command",
+        )
+        return nodes_pb2.MigrateReply(
+            node_id=result.node_id, checkpoint_step=result.checkpoint_step
+        )
+
+    @_guard
     def GetClusterSpec(self, request, context):  # noqa: N802
         self._node(request)
         return self._cluster()
@@ -266,12 +279,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._node(request.node)
         if request.global_step < 0:
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        if not request.dataset:  # every dataset (a checkpoint the chief makes on request)
+            for name in self.job.sharding.names():
+                self.job.sharding.save_snapshot(name, request.global_step)
+            return data_pb2.LedgerSnapshot(global_step=request.global_step)
         return ledger_pb(self.job.sharding.save_snapshot(request.dataset, request.global_step))
 
     @_guard
     def ReportCheckpoint(self, request, context):  # noqa: N802
         self._node(request.node)
-        self.job.checkpoints.report(
+        self.job.on_checkpoint_reported(
             Checkpoint(request.global_step, request.path, tuple(request.datasets))
         )
         return data_pb2.CheckpointReply(latest_step=self.job.checkpoints.latest().global_step)

@@ -54,6 +54,7 @@ class Node:
     relaunches: int = 0  # relaunches of this rank before this incarnation
     address: str = ""
     memory_mb: int = 0
+    cpu: float = 0.0  # asked of the platform (0: the group's)
     log_path: str = ""
     registered: bool = False
     last_heartbeat: float = 0.0
@@ -88,6 +89,7 @@ class Node:
             "relaunches": self.relaunches,
             "address": self.address,
             "memory_mb": self.memory_mb,
+            "cpu": self.cpu,
             "log_path": self.log_path,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
@@ -109,6 +111,7 @@ class Node:
             relaunches=int(record.get("relaunches", 0)),
             address=record.get("address", ""),
             memory_mb=int(record.get("memory_mb", 0)),
+            cpu=float(record.get("cpu", 0.0)),
             log_path=record.get("log_path", ""),
             started_at=float(record.get("started_at", 0.0)),
             ended_at=float(record.get("ended_at", 0.0)),

@@ -47,6 +47,11 @@ class MasterStub(object):
                 request_serializer=master_dot_pb_dot_nodes__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=master_dot_pb_dot_nodes__pb2.ScaleReply.FromString,
                 )
+        self.MigrateNode = channel.unary_unary(
+                '/dlrover.v1.Master/MigrateNode',
+                request_serializer=master_dot_pb_dot_nodes__pb2.MigrateRequest.SerializeToString,
+                response_deserializer=master_dot_pb_dot_nodes__pb2.MigrateReply.FromString,
+                )
         self.CreateDataset = channel.unary_unary(
                 '/dlrover.v1.Master/CreateDataset',
                 request_serializer=master_dot_pb_dot_data__pb2.CreateDatasetRequest.SerializeToString,
@@ -123,6 +128,12 @@ class MasterServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Scale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +224,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Scale,
                     request_deserializer=master_dot_pb_dot_nodes__pb2.ScaleRequest.FromString,
                     response_serializer=master_dot_pb_dot_nodes__pb2.ScaleReply.SerializeToString,
+            ),
+            'MigrateNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateNode,
+                    request_deserializer=master_dot_pb_dot_nodes__pb2.MigrateRequest.FromString,
+                    response_serializer=master_dot_pb_dot_nodes__pb2.MigrateReply.SerializeToString,
             ),
             'CreateDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateDataset,
@@ -363,6 +379,23 @@ class Master(object):
         return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/Scale',
             master_dot_pb_dot_nodes__pb2.ScaleRequest.SerializeToString,
             master_dot_pb_dot_nodes__pb2.ScaleReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def MigrateNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/MigrateNode',
+            master_dot_pb_dot_nodes__pb2.MigrateRequest.SerializeToString,
+            master_dot_pb_dot_nodes__pb2.MigrateReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

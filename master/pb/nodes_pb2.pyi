@@ -196,3 +196,25 @@ class ScaleReply(_message.Message):
     replicas: int
     cluster_version: int
     def __init__(self, previous: _Optional[int] = ..., replicas: _Optional[int] = ..., cluster_version: _Optional[int] = ...) -> None: ...
+
+class MigrateRequest(_message.Message):
+    __slots__ = ("node_type", "rank", "memory_mb", "cpu", "reason")
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_type: str
+    rank: int
+    memory_mb: int
+    cpu: float
+    reason: str
+    def __init__(self, node_type: _Optional[str] = ..., rank: _Optional[int] = ..., memory_mb: _Optional[int] = ..., cpu: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MigrateReply(_message.Message):
+    __slots__ = ("node_id", "checkpoint_step")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    checkpoint_step: int
+    def __init__(self, node_id: _Optional[int] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...

@@ -177,3 +177,49 @@ def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path):
     assert "master_restarted" in [e["kind"] for e in summary["events"]]
     # No node died, so no record was trained more than `epochs` times.
     check_trained_ids(ids, RECORDS, extra_batches=0)
+
+
+def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
+    from master.client import MasterClient, read_token
+
+    ids = write_job(tmp_path, eval_records=1024)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    try:
+        addr = proc.stdout.readline().split("master at ")[1].split(",")[0]
+        token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
+        client = MasterClient(addr, token, retry_seconds=5.0)
+        deadline = time.monotonic() + 300
+        while client.job_status().global_step < 150:
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        reply = client.migrate("ps", 0, memory_mb=2048, reason="e2e")
+        assert reply.checkpoint_step >= 150
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert [(n["id"], n["relaunches"]) for n in ps][1] == (reply.node_id, 0)  # not a failure
+    kinds = [e["kind"] for e in summary["events"]]
+    assert "migration" in kinds and "migrated" in kinds and "relaunch" not in kinds
+    migrated = next(e for e in summary["events"] if e["kind"] == "migrated")
+    assert "2048 MB" in migrated["message"]
+    redo = sum(
+        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
+    )
+    # The model went back to the checkpoint made for the migration, and the data with it:
+    # every record `epochs` times plus exactly what was rolled back, up to one batch a trainer.
+    ids_files = glob.glob(str(ids / "trained.*.ids"))
+    counts = np.bincount(
+        np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids_files]), minlength=RECORDS
+    )
+    assert counts.min() == EPOCHS
+    assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
