@@ -133,7 +133,7 @@ class Checkpointer:
         self._raise_failures()
         lay, tensors = layout.plan(state_dict)
         meta = self._meta(lay, step, state_dict)
-        self._ensure_memory(lay, meta)
+        self._ensure_memory(lay, meta, in_save=True)
         persist = storage == "disk" and self.rank in self.writers
         if persist and not self._disk_checked:
             self._check_disk(lay.data_bytes + len(meta))
@@ -247,11 +247,18 @@ class Checkpointer:
         }
         return layout.encode_meta(lay, {"step": step, "persist": persist})
 
-    def _ensure_memory(self, lay: layout.Layout, meta: bytes) -> None:
+    def _ensure_memory(self, lay: layout.Layout, meta: bytes, in_save: bool = False) -> None:
         needed = self.memory.bytes_needed(lay.data_bytes, len(meta))
         if self.memory.ensure_needed(lay.data_bytes, len(meta)):
             check_shm(needed, self.memory.reserved_bytes(), self.memory.directory)
-            self.memory.ensure(lay.data_bytes, len(meta))
+            started = time.monotonic()
+            if self.memory.ensure(lay.data_bytes, len(meta)) and in_save:
+                log.warning(
+                    "this save reserved %s of shared memory first (%.2f s of the save); call "
+                    "prepare(state_dict) before the training loop to keep that out of it",
+                    shm.fmt_bytes(needed),
+                    time.monotonic() - started,
+                )
 
     def _check_disk(self, nbytes: int) -> None:
         check_disk(self.checkpoint_dir, nbytes, self.keep_latest)
