@@ -72,6 +72,8 @@ def main() -> None:
             "optimizer": opt.state_dict(),
             "rng": torch.get_rng_state(),
         }
+        if step == start:  # the optimizer state exists now: reserve shm for the whole state
+            ckpt.prepare(state)
         ckpt.save(step, state, "disk" if step % args.disk_every == 0 else "memory")
         if step == args.kill_at_step and rank == args.fault_rank and restart == 0:
             event("killing", step=step)
