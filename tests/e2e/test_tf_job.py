@@ -156,11 +156,25 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     assert abs(extra - redo) <= 3 * BATCH, (extra, redo)
 
 
-def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path):
+@pytest.fixture(params=["sqlite", "etcd"])
+def state_option(request, tmp_path):
+    """--state for the master: its default SQLite file, or a real etcd on loopback."""
+    if request.param == "sqlite":
+        yield []
+        return
+    from tests.integration.etcd_server import EtcdServer, etcd_binary
+
+    etcd = EtcdServer(etcd_binary(), tmp_path / "etcd")
+    etcd.start()
+    yield ["--state", f"etcd://{etcd.endpoint}"]
+    etcd.kill()
+
+
+def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path, state_option):
     ids = write_job(tmp_path, eval_records=1024)
     summary_path = tmp_path / "s.json"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-    cmd += ["--kill", "master:0@40%", "--summary-json", str(summary_path)]
+    cmd += ["--kill", "master:0@40%", "--summary-json", str(summary_path), *state_option]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "master died (killed by SIGKILL); restarting it" in proc.stdout
