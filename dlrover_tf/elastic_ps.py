@@ -25,7 +25,13 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from master.client import CHECKPOINT_REQUESTS_KEY, KVClient, MasterClient, MasterError
+from master.client import (
+    CHECKPOINT_REQUESTS_KEY,
+    KVClient,
+    MasterClient,
+    MasterError,
+    checkpoint_request_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,7 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
         self._kv = KVClient(master)
         self._model_dir = model_dir
         self._requested = threading.Event()
+        self._request_number = 0
         self._stop = threading.Event()
 
     def begin(self) -> None:
@@ -107,9 +114,9 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
     def _watch(self, served: int) -> None:
         while not self._stop.is_set():
             try:
-                key = CHECKPOINT_REQUESTS_KEY + b"/" + str(served + 1).encode()
-                if self._kv.wait([key], REQUEST_POLL_SECONDS):
+                if self._kv.wait([checkpoint_request_key(served + 1)], REQUEST_POLL_SECONDS):
                     served += 1
+                    self._request_number = served
                     self._requested.set()
             except MasterError as e:
                 log.warning("watching for checkpoint requests: %s", e)
@@ -126,6 +133,8 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
             session, os.path.join(self._model_dir, "model.ckpt"), global_step=step
         )
         self._master.report_checkpoint(step, path, ())
+        # The answer the master waits for before it acts (e.g. retires a PS).
+        self._kv.set(checkpoint_request_key(self._request_number, done=True), str(step).encode())
         log.info("checkpoint on request at global step %d: %s", step, path)
 
     def end(self, session: tf.compat.v1.Session) -> None:

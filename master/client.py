@@ -42,8 +42,16 @@ ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 
 T = TypeVar("T")
 # KV keys the master and the TF chief share: the n-th checkpoint request is the key
-# "<CHECKPOINT_REQUESTS_KEY>/<n>" (the master counts requests under the key itself).
+# "<CHECKPOINT_REQUESTS_KEY>/<n>" (the master counts requests under the key itself), and the
+# chief answers under "<CHECKPOINT_REQUESTS_KEY>/<n>/done" with the step it saved at.
 CHECKPOINT_REQUESTS_KEY = b"dlrover/tf/checkpoint_requests"
+
+
+def checkpoint_request_key(n: int, done: bool = False) -> bytes:
+    """The KV key of the n-th checkpoint request (or of the chief's answer to it)."""
+    return CHECKPOINT_REQUESTS_KEY + b"/" + str(n).encode() + (b"/done" if done else b"")
+
+
 # Retried with backoff: the master is away (restarting), or asks this node to slow down.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 

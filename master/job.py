@@ -147,11 +147,7 @@ class JobMaster:
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
-        self._checkpoint_reports = 0
-        self._last_checkpoint_step = 0
-        self.migrator = PSMigrator(
-            self.kv, self._checkpoints_reported, self.nodes.current, self._retire_node, self.emit
-        )
+        self.migrator = PSMigrator(self.kv, self.nodes.current, self._retire_node, self.emit)
 
     # -- public -------------------------------------------------------------
 
@@ -594,13 +590,6 @@ class JobMaster:
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
         """The chief finished writing a checkpoint (with its ledger snapshots)."""
         self.checkpoints.report(checkpoint)
-        with self._lock:
-            self._checkpoint_reports += 1
-            self._last_checkpoint_step = checkpoint.global_step
-
-    def _checkpoints_reported(self) -> tuple[int, int]:
-        with self._lock:
-            return self._checkpoint_reports, self._last_checkpoint_step
 
     def on_model_restored(self, step: int) -> None:
         """The chief reports each session it creates with the step its model was loaded at

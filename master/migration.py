@@ -15,18 +15,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from master.client import CHECKPOINT_REQUESTS_KEY
+from master.client import CHECKPOINT_REQUESTS_KEY, checkpoint_request_key
 from master.kv.store import KVStore
 from master.nodes.model import Node, NodeState
 
 # How long the chief may take to checkpoint before the migration gives up (nothing changed).
 CHECKPOINT_TIMEOUT_SECONDS = 120.0
 MIGRATABLE_TYPES = ("ps",)
-
-
-def checkpoint_request_key(n: int) -> bytes:
-    """The KV key the chief waits on for the n-th checkpoint request."""
-    return CHECKPOINT_REQUESTS_KEY + b"/" + str(n).encode()
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class _Migration:
     done: Future
     phase: str = "queued"  # queued -> checkpoint -> stopping
     deadline: float = 0.0
-    checkpoints_before: int = 0
+    request_number: int = 0
     checkpoint_step: int = 0
     old_id: int = 0
     extra: dict = field(default_factory=dict)
@@ -59,13 +54,11 @@ class PSMigrator:
     def __init__(
         self,
         kv: KVStore,
-        checkpoints_reported: Callable[[], tuple[int, int]],
         current: Callable[[str, int], Node | None],
         retire_node: Callable[[Node], None],
         emit: Callable[..., None],
     ) -> None:
         self._kv = kv
-        self._checkpoints_reported = checkpoints_reported  # (count so far, latest step)
         self._current = current
         self._retire_node = retire_node
         self._emit = emit
@@ -105,9 +98,11 @@ class PSMigrator:
             self._start(m)
             return
         if m.phase == "checkpoint":
-            count, step = self._checkpoints_reported()
-            if count > m.checkpoints_before:
-                m.checkpoint_step = step
+            # The chief's answer to this very request: a checkpoint it made on its own schedule
+            # may race with the request (and the chief may not be at a step boundary then).
+            answer = self._kv.get(checkpoint_request_key(m.request_number, done=True), 0)
+            if answer is not None:
+                m.checkpoint_step = int(answer)
                 self._stop_old(m)
             elif time.monotonic() > m.deadline:
                 self._fail(
@@ -144,9 +139,8 @@ class PSMigrator:
             return
         m.phase = "checkpoint"
         m.deadline = time.monotonic() + CHECKPOINT_TIMEOUT_SECONDS
-        m.checkpoints_before = self._checkpoints_reported()[0]
-        n = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
-        self._kv.set(checkpoint_request_key(n), (m.reason or "migration").encode())
+        m.request_number = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
+        self._kv.set(checkpoint_request_key(m.request_number), (m.reason or "migration").encode())
         self._emit(
             "migration",
             f"moving {m.node_type}-{m.rank} to "

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from master.client import CHECKPOINT_REQUESTS_KEY
+from master.client import CHECKPOINT_REQUESTS_KEY, checkpoint_request_key
 from master.kv.store import KVStore
-from master.migration import MigrateResult, PSMigrator, checkpoint_request_key
+from master.migration import MigrateResult, PSMigrator
 from master.nodes.model import Node, NodeState
 from master.state.sqlite import SQLiteStateStore
 
@@ -19,12 +19,10 @@ class Job:
     def __init__(self) -> None:
         self.kv = KVStore(SQLiteStateStore(":memory:"))
         self.ps = Node("ps", 0, id=1, state=NodeState.RUNNING, memory_mb=512)
-        self.checkpoints = (0, 0)
         self.retired: list[int] = []
         self.events: list[tuple[str, str]] = []
         self.migrator = PSMigrator(
             self.kv,
-            lambda: self.checkpoints,
             lambda t, r: self.ps if (t, r) == ("ps", 0) else None,
             lambda node: self.retired.append(node.id),
             lambda kind, message, *a, **k: self.events.append((kind, message)),
@@ -39,8 +37,11 @@ def test_a_migration_checkpoints_then_retires_the_old_ps_then_completes():
     assert job.kv.get(CHECKPOINT_REQUESTS_KEY, 0) == b"1"
     assert job.kv.get(checkpoint_request_key(1), 0) == b"hot"
     job.migrator.advance()
-    assert job.retired == []  # no checkpoint reported yet: the PS stays
-    job.checkpoints = (1, 740)
+    assert job.retired == []  # no answer from the chief yet: the PS stays
+    job.kv.set(checkpoint_request_key(2, done=True), b"999")  # another request's answer
+    job.migrator.advance()
+    assert job.retired == []
+    job.kv.set(checkpoint_request_key(1, done=True), b"740")  # the chief saved on request
     job.migrator.advance()
     assert job.retired == [1]
     migration = job.migrator.on_exit(job.ps)
