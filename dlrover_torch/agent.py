@@ -39,6 +39,7 @@ from dlrover_torch.worker_pool import (
 log = logging.getLogger(__name__)
 
 MEMBERSHIP_POLL_SECONDS = 0.05
+FAILURE_COUNTER_KEY = "dlrover/worker_failures"
 
 # Called with a one-line reason right before a running worker group is stopped (failure, hang,
 # membership change, SIGTERM, end of run). Flash checkpoint registers "persist the latest
@@ -60,7 +61,7 @@ class AgentConfig:
     preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
     python: str = sys.executable
     host_worker_store: bool = True
-    membership_grace_seconds: float = 1.0
+    membership_grace_seconds: float = 0.5
     lost_node_wait_seconds: float = 12.0  # the rendezvous lease (10 s by default) and a margin
 
 
@@ -288,6 +289,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
             reason = self._hang.check()
             if reason is not None:
                 self._stop_reason = f"hang: {reason}"
+                self._first_to_fail(worker_group)  # peers failing next are not the cause
                 self.reporter.event(
                     "hang",
                     reason,
@@ -320,19 +322,39 @@ class DLRoverElasticAgent(LocalElasticAgent):
         self._last_state = result.state
         return result
 
+    def _first_to_fail(self, worker_group: WorkerGroup) -> bool:
+        """Whether this node is the first of its round to report a worker failure (a counter in
+        the round's store); the others' workers most likely died of the broken connection."""
+        store = worker_group.store
+        if store is None:
+            return True
+        try:
+            return int(store.add(FAILURE_COUNTER_KEY, 1)) == 1
+        except Exception as e:  # the store is gone with the round: decide by waiting instead
+            log.debug("failure counter unavailable: %s", e)
+            return False
+
     def _caused_by_membership_change(self, worker_group: WorkerGroup, codes: list[int]) -> bool:
         """Whether a local failure followed a peer node's restart or loss, not a local fault.
 
         A local worker killed by a signal (other than the agent's own SIGTERM) is a local fault.
         Otherwise the workers may have died of a broken connection to a peer: wait briefly for
         the rendezvous to show a node waiting (a peer agent restarting its group re-joins at
-        once). When no restart is left, also wait out the lease so a lost node shows up.
+        once); the first node of the round to report a failure waits less, so it is the one
+        charged when nobody re-joins. When no restart is left, also wait out the lease so a lost
+        node shows up.
         """
         if not worker_group.group_world_size or worker_group.group_world_size < 2:
             return False
+        first = self._first_to_fail(worker_group)  # counted also when the verdict is clear
         if any(c < 0 and c != -signal.SIGTERM for c in codes):
             return False
+        # The first node to report waits less than the others before it counts the failure as
+        # its own, so exactly one node spends a restart even when a node killed by a signal
+        # (which re-joins at once) reported second.
         wait = self.config.membership_grace_seconds
+        if not first:
+            wait += self.config.membership_grace_seconds
         if self._remaining_restarts <= 0:
             wait += self.config.lost_node_wait_seconds
         handler = worker_group.spec.rdzv_handler

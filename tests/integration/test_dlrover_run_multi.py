@@ -120,6 +120,23 @@ def test_worker_sigkill_two_agents_restart_and_resume(tmp_path, agents):
     assert "[membership]" in group.log(0) and "[worker_failure]" not in group.log(0)
 
 
+def test_script_error_on_one_node_spends_one_restart_in_all(tmp_path, agents):
+    argv = script_args(tmp_path, "--steps", "20", "--exit-at-step", "5", "--step-seconds", "0.05")
+    group = agents("2", ["--max-restarts", "1"], argv)
+    p0, p1 = group.start(0), group.start(1)
+    assert group.wait(p0) == 0, group.log(0)[-3000:]
+    assert group.wait(p1) == 0, group.log(1)[-3000:]
+    assert _done_ranks(tmp_path, 20, 2) == [0, 1]
+    # Rank 1 exited with code 3 (a script error); rank 0 died of the broken connection. The
+    # first node to report a failure in the round is charged (usually node 1; node 0 when its
+    # agent noticed first); the other re-rendezvous as for a membership change.
+    charged = [r for r in (0, 1) if "[worker_failure]" in group.log(r)]
+    assert len(charged) == 1, [group.log(0)[-2000:], group.log(1)[-2000:]]
+    assert "[membership]" in group.log(1 - charged[0])
+    done = {e["rank"]: e["restart"] for e in events(tmp_path) if e["event"] == "done"}
+    assert sum(done.values()) == 1, done  # TORCHELASTIC_RESTART_COUNT: one restart spent
+
+
 def test_agent_sigkill_survivor_continues_at_smaller_world(tmp_path, agents):
     argv = script_args(tmp_path, "--steps", "60", "--step-seconds", "0.1")
     group = agents("1:2", ["--max-restarts", "0"], argv)
