@@ -469,17 +469,17 @@ class JobMaster:
             new = self._launch(
                 node.type, node.rank, node.relaunches, migration.memory_mb, migration.cpu
             )
-            if not self._chief_reports_restores:
+            if self._chief_reports_restores:
+                self._free_held_shards()
+            else:
                 self._rollback_data()  # to the checkpoint made for the migration
             self.migrator.finished(migration, new)
             return
-        if (
-            node.type == "ps"
-            and reason != ExitReason.STOPPED
-            and self._training_done_at is None
-            and not self._chief_reports_restores  # else the chief's restore report says when
-        ):
-            self._rollback_data()
+        if node.type == "ps" and reason != ExitReason.STOPPED and self._training_done_at is None:
+            if self._chief_reports_restores:
+                self._free_held_shards()  # the chief's restore report rolls the data back
+            else:
+                self._rollback_data()
         decision = decide_on_exit(
             node,
             reason,
@@ -602,6 +602,15 @@ class JobMaster:
         if step == 0 and all(s.records_done == 0 for s in self.sharding.stats()):
             return  # a fresh start: nothing to go back from
         self._rollback_data(step, reason="model_restored")
+
+    def _free_held_shards(self) -> None:
+        """The model is lost until the chief restores it: every trainer's held shards go back
+        to the queue now. Their input pipelines, blocked waiting for a shard while the others
+        hold the rest, then yield, so the failed sessions can close and be rebuilt (TF waits
+        for running input ops when it closes a session)."""
+        for node in self.nodes.all_current():
+            if node.type in TRAINING_TYPES:
+                self.sharding.release_everywhere(node.id)
 
     def _rollback_data(self, step: int | None = None, reason: str = "ps_failed") -> None:
         """The model goes back to a checkpoint (a PS lost its variables, or the chief restored
