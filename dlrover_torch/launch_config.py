@@ -322,7 +322,7 @@ def config_from_args(
         local_ranks_filter=ranks,
         log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         event_log_handler=args.event_log_handler,
-        shutdown_timeout=args.shutdown_timeout if args.shutdown_timeout is not None else 30,
+        shutdown_timeout=_shutdown_timeout(args.shutdown_timeout, env),
         no_python=bool(args.no_python),
         run_path=bool(args.run_path),
         python=env.get("PYTHON_EXEC", sys.executable),
@@ -345,6 +345,19 @@ def config_from_args(
         exit_barrier_timeout=args.exit_barrier_timeout,
     )
     return config, args
+
+
+def _shutdown_timeout(flag: int | None, env: Mapping[str, str]) -> int:
+    """--shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (as torchrun)."""
+    if flag is not None:
+        return flag
+    value = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchConfigError(
+            f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={value!r}: give whole seconds, e.g. 30"
+        ) from None
 
 
 def _valid_addr(addr: str) -> bool:
