@@ -17,7 +17,8 @@ STEPS = 120
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
+def run_torch_job(tmp_path, name: str, kill: str) -> tuple[dict, list[dict], str]:
+    """The example torch job through `dlrover submit --kill KILL`: (summary, events, output)."""
     events = tmp_path / "events.jsonl"
     with open(os.path.join(ROOT, "examples", "torch", "job.yaml")) as f:
         job = yaml.safe_load(f)
@@ -25,12 +26,12 @@ def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
     script = command.index("train.py")
     command[script:] = [TRAIN, "--steps", str(STEPS), "--step-seconds", "0.05"]
     command += ["--events", str(events), "--ckpt-every", "5"]
-    job.update(name="torch-e2e", command=command, workdir=str(tmp_path))
+    job.update(name=name, command=command, workdir=str(tmp_path))
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     summary = tmp_path / "summary.json"
     out = subprocess.run(
         [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-        + ["--kill", "worker:1@step=30", "--summary-json", str(summary)]
+        + ["--kill", kill, "--summary-json", str(summary)]
         + ["--status-interval", "5", "--run-dir", str(tmp_path / "run")],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=ROOT),
@@ -40,11 +41,15 @@ def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
         timeout=380,
     )
     assert out.returncode == 0, out.stdout[-4000:]
-    result = json.loads(summary.read_text())
+    evs = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    return json.loads(summary.read_text()), evs, out.stdout
+
+
+def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
+    result, evs, _ = run_torch_job(tmp_path, "torch-e2e", "worker:1@step=30")
     assert result["status"] == "succeeded", result
     worker1 = [n for n in result["nodes"] if n["type"] == "worker" and n["rank"] == 1]
     assert sum(n["relaunches"] for n in worker1) >= 1 or len(worker1) >= 2, worker1
-    evs = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
     assert done and {e["world"] for e in done} <= {1, 2}
     # Training went on after the kill from a checkpoint, not from step 0.
@@ -53,36 +58,13 @@ def test_killed_worker_node_is_relaunched_and_training_finishes(tmp_path):
 
 
 def test_torch_job_survives_its_master_being_killed(tmp_path):
-    events = tmp_path / "events.jsonl"
-    with open(os.path.join(ROOT, "examples", "torch", "job.yaml")) as f:
-        job = yaml.safe_load(f)
-    command = list(job["command"])
-    script = command.index("train.py")
-    command[script:] = [TRAIN, "--steps", str(STEPS), "--step-seconds", "0.05"]
-    command += ["--events", str(events), "--ckpt-every", "5"]
-    job.update(name="torch-master-kill", command=command, workdir=str(tmp_path))
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    summary = tmp_path / "summary.json"
-    out = subprocess.run(
-        [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-        + ["--kill", "master:0@step=30", "--summary-json", str(summary)]
-        + ["--status-interval", "5", "--run-dir", str(tmp_path / "run")],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=380,
-    )
-    assert out.returncode == 0, out.stdout[-4000:]
-    assert "master died (killed by SIGKILL); restarting it" in out.stdout
-    result = json.loads(summary.read_text())
+    result, evs, output = run_torch_job(tmp_path, "torch-master-kill", "master:0@step=30")
+    assert "master died (killed by SIGKILL); restarting it" in output
     assert result["status"] == "succeeded", result
     # Both node agents ran from start to end: the new master adopted them, relaunched none.
     assert [(n["type"], n["rank"], n["relaunches"]) for n in result["nodes"]] == [
         ("worker", 0, 0),
         ("worker", 1, 0),
     ]
-    evs = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
     assert done and {e["world"] for e in done} == {2}
