@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ STEPS = 120
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def run_torch_job(tmp_path, name: str, kill: str) -> tuple[dict, list[dict], str]:
+def run_torch_job(tmp_path, name: str, kill: str, *args: str) -> tuple[dict, list[dict], str]:
     """The example torch job through `dlrover submit --kill KILL`: (summary, events, output)."""
     events = tmp_path / "events.jsonl"
     with open(os.path.join(ROOT, "examples", "torch", "job.yaml")) as f:
@@ -32,7 +33,7 @@ def run_torch_job(tmp_path, name: str, kill: str) -> tuple[dict, list[dict], str
     out = subprocess.run(
         [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
         + ["--kill", kill, "--summary-json", str(summary)]
-        + ["--status-interval", "5", "--run-dir", str(tmp_path / "run")],
+        + ["--status-interval", "5", "--run-dir", str(tmp_path / "run"), *args],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=ROOT),
         stdout=subprocess.PIPE,
@@ -68,3 +69,18 @@ def test_torch_job_survives_its_master_being_killed(tmp_path):
     ]
     done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
     assert done and {e["world"] for e in done} == {2}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_two_node_torch_job_on_ray_survives_a_worker_kill(tmp_path):
+    # No --ray-address: the master starts a Ray cluster on loopback; each node is an actor.
+    result, evs, _ = run_torch_job(tmp_path, "torch-ray", "worker:1@step=30", "--platform", "ray")
+    assert result["status"] == "succeeded", result
+    worker1 = [n for n in result["nodes"] if n["type"] == "worker" and n["rank"] == 1]
+    assert [n["exit_reason"] for n in worker1][0] == "killed" and len(worker1) == 2, worker1
+    logs = os.listdir(os.path.join(result["run_dir"], "logs"))
+    headers = [open(os.path.join(result["run_dir"], "logs", f)).readline() for f in logs]
+    assert all("on Ray node 127.0.0.1" in h for h in headers if h.startswith("#")), headers
+    done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
+    assert done and {e["world"] for e in done} <= {1, 2}
+    assert [e for e in evs if e["event"] == "loop" and e["step"] > 0], "no resume from checkpoint"
