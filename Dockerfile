@@ -10,6 +10,7 @@
 #   master on Kubernetes:        dlrover master JOB.yaml --platform k8s ...  (examples/k8s/)
 #   PS node:                     python -m dlrover_tf.ps              (started by the master)
 #   chief/worker/evaluator node: the job's own command, e.g. python wide_deep.py
+#   torch node:                  dlrover-run [torchrun flags] train.py  (started by the master)
 # Run dirs (logs, model, state) go under /var/dlrover, writable by the image's user (uid 1000).
 FROM python:3.11-slim
 
@@ -22,13 +23,15 @@ COPY constraints.txt setup.py pyproject.toml README.md ./
 COPY proto ./proto
 COPY master ./master
 COPY dlrover_tf ./dlrover_tf
+COPY dlrover_torch ./dlrover_torch
 # The torch index is consulted only when torch is asked for.
 RUN case ",${EXTRAS}," in \
         *,torch,*|*,all,*) index="--extra-index-url ${TORCH_INDEX_URL}" ;; \
         *) index="" ;; \
     esac \
     && pip install --no-cache-dir ${index} -c constraints.txt ".[${EXTRAS}]" \
-    && dlrover --help > /dev/null
+    && dlrover --help > /dev/null \
+    && case ",${EXTRAS}," in *,torch,*|*,all,*) dlrover-run --help > /dev/null ;; esac
 
 COPY examples ./examples
 RUN useradd --create-home --uid 1000 dlrover \
