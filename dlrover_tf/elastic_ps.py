@@ -27,10 +27,12 @@ import tensorflow as tf
 
 from master.client import (
     CHECKPOINT_REQUESTS_KEY,
+    PAUSE_KEY,
     KVClient,
     MasterClient,
     MasterError,
     checkpoint_request_key,
+    pause_key,
 )
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,8 @@ GENERATION_KEY = b"dlrover/tf/chief_session"
 GATE_TIMEOUT_SECONDS = 30.0
 # A blocking wait for the next checkpoint request is renewed this often.
 REQUEST_POLL_SECONDS = 10.0
+# A paused worker goes on by itself after this, whatever the master said.
+MAX_PAUSE_SECONDS = 120.0
 
 
 def _generation_key(n: int) -> bytes:
@@ -134,8 +138,63 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
         )
         self._master.report_checkpoint(step, path, ())
         # The answer the master waits for before it acts (e.g. retires a PS).
-        self._kv.set(checkpoint_request_key(self._request_number, done=True), str(step).encode())
+        n = self._request_number
+        self._kv.set(checkpoint_request_key(n, "done"), str(step).encode())
         log.info("checkpoint on request at global step %d: %s", step, path)
+        # Stay at this step boundary until the master is done (it replaces a PS meanwhile):
+        # a step taken now would be lost with the restore.
+        released = self._kv.wait([checkpoint_request_key(n, "release")], MAX_PAUSE_SECONDS)
+        log.info("the master %s the chief", "released" if released else "did not release")
+
+    def end(self, session: tf.compat.v1.Session) -> None:
+        self._stop.set()
+
+
+class _PauseHook(tf.estimator.SessionRunHook):
+    """Worker: when the master asks (a PS migration), stop at the next step boundary, say so,
+    and wait until the master releases the pause, so the chief's checkpoint holds every step."""
+
+    def __init__(self, master: MasterClient, name: str) -> None:
+        self._kv = KVClient(master)
+        self._name = name
+        self._asked = threading.Event()
+        self._number = 0
+        self._stop = threading.Event()
+
+    def begin(self) -> None:
+        served = self._kv.add(PAUSE_KEY, 0)
+        threading.Thread(
+            target=self._watch, args=(served,), name="dlrover-pause", daemon=True
+        ).start()
+
+    def _watch(self, served: int) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._kv.wait([pause_key(served + 1)], REQUEST_POLL_SECONDS):
+                    served += 1
+                    self._number = served
+                    self._asked.set()
+            except MasterError as e:
+                log.warning("watching for pause requests: %s", e)
+                self._stop.wait(1.0)
+
+    def before_run(self, run_context: tf.estimator.SessionRunContext) -> None:
+        if not self._asked.is_set():
+            return None
+        self._asked.clear()
+        n = self._number
+        try:
+            self._kv.set(pause_key(n, f"ack/{self._name}"), b"1")
+            started = time.monotonic()
+            released = self._kv.wait([pause_key(n, "release")], MAX_PAUSE_SECONDS)
+            log.info(
+                "paused %.1f s for the master (%s)",
+                time.monotonic() - started,
+                "released" if released else "timed out",
+            )
+        except MasterError as e:
+            log.warning("pause: %s; going on", e)
+        return None
 
     def end(self, session: tf.compat.v1.Session) -> None:
         self._stop.set()
@@ -195,6 +254,7 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             ready_for_local_init_op=_gated_ready_for_local_init_op(the_gate),
             copy_from_scaffold=spec.scaffold,
         )
-        return spec._replace(scaffold=scaffold)
+        pause = _PauseHook(the_gate.master, f"{config.task_type}-{config.task_id}")
+        return spec._replace(scaffold=scaffold, training_hooks=(*spec.training_hooks, pause))
 
     return wrapped

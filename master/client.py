@@ -42,14 +42,27 @@ ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 
 T = TypeVar("T")
 # KV keys the master and the TF chief share: the n-th checkpoint request is the key
-# "<CHECKPOINT_REQUESTS_KEY>/<n>" (the master counts requests under the key itself), and the
-# chief answers under "<CHECKPOINT_REQUESTS_KEY>/<n>/done" with the step it saved at.
+# "<CHECKPOINT_REQUESTS_KEY>/<n>" (the master counts requests under the key itself), the
+# chief answers under ".../<n>/done" with the step it saved at, then waits for ".../<n>/release".
 CHECKPOINT_REQUESTS_KEY = b"dlrover/tf/checkpoint_requests"
 
 
-def checkpoint_request_key(n: int, done: bool = False) -> bytes:
-    """The KV key of the n-th checkpoint request (or of the chief's answer to it)."""
-    return CHECKPOINT_REQUESTS_KEY + b"/" + str(n).encode() + (b"/done" if done else b"")
+# Workers pause at a step boundary while the chief checkpoints for a migration: the n-th pause
+# is "<PAUSE_KEY>/<n>", each worker acks with ".../<n>/ack/<TYPE>-<RANK>", the master ends it
+# with ".../<n>/release".
+PAUSE_KEY = b"dlrover/tf/pause"
+
+
+def pause_key(n: int, suffix: str = "") -> bytes:
+    """The KV key of the n-th pause (suffix: "ack/worker-0", "release")."""
+    return PAUSE_KEY + b"/" + str(n).encode() + (b"/" + suffix.encode() if suffix else b"")
+
+
+def checkpoint_request_key(n: int, suffix: str = "") -> bytes:
+    """The KV key of the n-th checkpoint request (suffix: "done", the chief's answer;
+    "release", the master letting the chief go on)."""
+    key = CHECKPOINT_REQUESTS_KEY + b"/" + str(n).encode()
+    return key + b"/" + suffix.encode() if suffix else key
 
 
 # Retried with backoff: the master is away (restarting), or asks this node to slow down.

@@ -147,7 +147,9 @@ class JobMaster:
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
-        self.migrator = PSMigrator(self.kv, self.nodes.current, self._retire_node, self.emit)
+        self.migrator = PSMigrator(
+            self.kv, self.nodes.current, self._running_workers, self._retire_node, self.emit
+        )
 
     # -- public -------------------------------------------------------------
 
@@ -780,6 +782,10 @@ class JobMaster:
         if any(n.type == "ps" and not n.state.ended for n in self.nodes.all_current()):
             return
         self._set_state(JobState.SUCCEEDED, "chief and workers finished")
+
+    def _running_workers(self) -> list[Node]:
+        current = self.nodes.all_current()
+        return [n for n in current if n.type == "worker" and n.state == NodeState.RUNNING]
 
     def _retire_node(self, node: Node) -> None:
         """Stop a node at once (its state is saved elsewhere, e.g. a PS after a checkpoint):

@@ -15,12 +15,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from master.client import CHECKPOINT_REQUESTS_KEY, checkpoint_request_key
+from master.client import CHECKPOINT_REQUESTS_KEY, PAUSE_KEY, checkpoint_request_key, pause_key
 from master.kv.store import KVStore
 from master.nodes.model import Node, NodeState
 
 # How long the chief may take to checkpoint before the migration gives up (nothing changed).
 CHECKPOINT_TIMEOUT_SECONDS = 120.0
+# How long workers get to reach a step boundary and pause; past it the checkpoint goes ahead
+# (steps taken meanwhile are trained again after the restore, as without a pause).
+PAUSE_TIMEOUT_SECONDS = 20.0
 MIGRATABLE_TYPES = ("ps",)
 
 
@@ -40,7 +43,9 @@ class _Migration:
     cpu: float
     reason: str
     done: Future
-    phase: str = "queued"  # queued -> checkpoint -> stopping
+    phase: str = "queued"  # queued -> pausing -> checkpoint -> stopping
+    pause_number: int = 0
+    pausing: tuple[str, ...] = ()  # the workers (TYPE-RANK) that must ack the pause
     deadline: float = 0.0
     request_number: int = 0
     checkpoint_step: int = 0
@@ -55,11 +60,13 @@ class PSMigrator:
         self,
         kv: KVStore,
         current: Callable[[str, int], Node | None],
+        workers: Callable[[], list[Node]],
         retire_node: Callable[[Node], None],
         emit: Callable[..., None],
     ) -> None:
         self._kv = kv
         self._current = current
+        self._workers = workers  # the running non-chief trainers, which pause
         self._retire_node = retire_node
         self._emit = emit
         self._requests: queue.SimpleQueue[_Migration] = queue.SimpleQueue()
@@ -97,10 +104,21 @@ class PSMigrator:
                 return
             self._start(m)
             return
+        if m.phase == "pausing":
+            acked = all(self._kv.check([pause_key(m.pause_number, f"ack/{w}")]) for w in m.pausing)
+            if acked or time.monotonic() > m.deadline:
+                if not acked:
+                    self._emit(
+                        "migration",
+                        f"not every worker paused within {PAUSE_TIMEOUT_SECONDS:g}s; "
+                        "checkpointing anyway",
+                    )
+                self._request_checkpoint(m)
+            return
         if m.phase == "checkpoint":
             # The chief's answer to this very request: a checkpoint it made on its own schedule
             # may race with the request (and the chief may not be at a step boundary then).
-            answer = self._kv.get(checkpoint_request_key(m.request_number, done=True), 0)
+            answer = self._kv.get(checkpoint_request_key(m.request_number, "done"), 0)
             if answer is not None:
                 m.checkpoint_step = int(answer)
                 self._stop_old(m)
@@ -129,6 +147,7 @@ class PSMigrator:
             reason=m.reason,
             checkpoint_step=m.checkpoint_step,
         )
+        self._release(m)
         m.done.set_result(MigrateResult(new.id, m.checkpoint_step))
         self._active = None
 
@@ -137,10 +156,13 @@ class PSMigrator:
         if node is None or node.state != NodeState.RUNNING:
             self._fail(m, f"{m.node_type}-{m.rank} is not running any more")
             return
-        m.phase = "checkpoint"
-        m.deadline = time.monotonic() + CHECKPOINT_TIMEOUT_SECONDS
-        m.request_number = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
-        self._kv.set(checkpoint_request_key(m.request_number), (m.reason or "migration").encode())
+        # Workers stop at a step boundary first, so the checkpoint and the data position it is
+        # saved with hold every step taken, and nothing is trained twice after the restore.
+        m.phase = "pausing"
+        m.deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
+        m.pausing = tuple(w.name for w in self._workers())
+        m.pause_number = self._kv.add(PAUSE_KEY, 1)
+        self._kv.set(pause_key(m.pause_number), (m.reason or "migration").encode())
         self._emit(
             "migration",
             f"moving {m.node_type}-{m.rank} to "
@@ -153,10 +175,22 @@ class PSMigrator:
                 if part
             )
             + (f" ({m.reason})" if m.reason else "")
-            + ": asked the chief for a checkpoint",
+            + ": pausing the workers, then a checkpoint on the chief",
             node,
             reason=m.reason,
         )
+
+    def _request_checkpoint(self, m: _Migration) -> None:
+        m.phase = "checkpoint"
+        m.deadline = time.monotonic() + CHECKPOINT_TIMEOUT_SECONDS
+        m.request_number = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
+        self._kv.set(checkpoint_request_key(m.request_number), (m.reason or "migration").encode())
+
+    def _release(self, m: _Migration) -> None:
+        if m.pause_number:
+            self._kv.set(pause_key(m.pause_number, "release"), b"1")
+        if m.request_number:
+            self._kv.set(checkpoint_request_key(m.request_number, "release"), b"1")
 
     def _stop_old(self, m: _Migration) -> None:
         node = self._current(m.node_type, m.rank)
@@ -169,6 +203,7 @@ class PSMigrator:
         self._retire_node(node)
 
     def _fail(self, m: _Migration, reason: str) -> None:
+        self._release(m)
         self._emit("migration_failed", f"migration of {m.node_type}-{m.rank}: {reason}")
         m.done.set_exception(TimeoutError(reason))
         self._active = None
