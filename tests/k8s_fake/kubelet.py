@@ -92,8 +92,10 @@ class FakeKubelet:
                 }
             )
 
-        pod = self._update(name, mutate)
+        # The kubelet's eviction manager records the event before it kills the pod, so the
+        # event exists by the time a watcher sees the pod fail.
         self.record_event(name, "Evicted", message)
+        pod = self._update(name, mutate)
         return pod
 
     def node_lost(self, name: str) -> dict[str, Any]:
