@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from master.config import NODE_TYPES
 from master.events import JobEvent
 from master.nodes.model import NodeState
+from master.rpc_handlers import rewrap
 
 if TYPE_CHECKING:
     from master.job import JobMaster
@@ -230,25 +231,11 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._timed(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._timed(handler.unary_stream, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._counted(handler.stream_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return rewrap(
+            handler,
+            unary=lambda behavior: self._timed(behavior, method),
+            stream_in=lambda behavior: self._counted(behavior, method),
+        )
 
     def _timed(self, behavior: Callable, method: str) -> Callable:
         def timed(request: object, context: grpc.ServicerContext) -> object:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import grpc
 
+from master.rpc_handlers import rewrap
+
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0
 DEFAULT_BURST = 1000.0
@@ -80,22 +82,4 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
 
             return call
 
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                limited(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                limited(handler.stream_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                limited(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return rewrap(handler, unary=limited, stream_in=limited)
