@@ -71,6 +71,28 @@ class NodeGroupSpec:
 
 
 @dataclass(frozen=True)
+class AutoscaleSpec:
+    """The job YAML's `autoscale:` section: when the master may add or remove workers and
+    migrate a hot PS on its own (master.autoscaler decides; off unless enabled)."""
+
+    enabled: bool = False
+    min_workers: int = 1
+    max_workers: int = 0  # 0 = worker.max_replicas (the worker slots of the cluster spec)
+    interval_seconds: float = 10.0  # how often throughput and node loads are sampled
+    window: int = 3  # samples a measurement takes (their median); also how long a PS must be hot
+    settle_seconds: float = 30.0  # after a change, how long before measuring again
+    # An added worker must bring at least this fraction of the per-worker rate before it.
+    marginal_gain: float = 0.7
+    ps_cpu_percent: float = 90.0  # a PS above this share of its cores is CPU-bound
+    ps_memory_percent: float = 85.0  # a PS above this share of its memory limit is memory-bound
+    ps_growth: float = 1.5  # a migrated PS gets this factor more of the bound resource
+    ps_max_cpu: float = 0.0  # most cores a migrated PS may get; 0 = never migrate for CPU
+    ps_max_memory_mb: int = 0  # most memory a migrated PS may get; 0 = never for memory
+    max_total_cpu: float = 0.0  # budget of cores requested by all nodes; 0 = none
+    max_total_memory_mb: int = 0  # budget of memory requested by all nodes; 0 = none
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A whole training job: what to run, how many nodes of each type, and failure budgets."""
 
@@ -95,6 +117,8 @@ class JobSpec:
     straggler_min_steps: int = 20
     # Port of the master's HTTP endpoint (Prometheus /metrics and the dashboard); 0 = any free.
     metrics_port: int = 0
+    # Automatic worker scaling and PS migration (master.autoscaler); off by default.
+    autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
     source: str = "<spec>"  # file it came from, for messages
 
     def __post_init__(self) -> None:
@@ -177,6 +201,7 @@ class MasterConfig:
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.name != "source")
 _GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(NodeGroupSpec))
+_AUTOSCALE_FIELDS = tuple(f.name for f in dataclasses.fields(AutoscaleSpec))
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -262,6 +287,7 @@ def parse_job_spec(data: object, source: str, base_dir: str) -> JobSpec:
             raise _spec_error(source, required, "missing", f"Add '{example}'")
 
     kwargs: dict[str, Any] = {k: v for k, v in data.items() if k not in NODE_TYPES}
+    kwargs["autoscale"] = _parse_autoscale(data.get("autoscale"), source)
     for node_type in NODE_TYPES:
         raw = data.get(node_type)
         if raw is None:
@@ -286,6 +312,21 @@ def parse_job_spec(data: object, source: str, base_dir: str) -> JobSpec:
         kwargs["workdir"] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(workdir)))
     kwargs.setdefault("env", {})
     return JobSpec(**kwargs, source=source)
+
+
+def _parse_autoscale(raw: object, source: str) -> AutoscaleSpec:
+    if raw is None:
+        return AutoscaleSpec()
+    if not isinstance(raw, Mapping):
+        raise _spec_error(
+            source,
+            "autoscale",
+            f"expected a mapping, got {_kind(raw)}",
+            "Write it as 'autoscale: {enabled: true, max_workers: 4}'",
+        )
+    _check_known_fields(raw, _AUTOSCALE_FIELDS, source, "autoscale")
+    # Values stay raw here: JobSpec validation checks them with the full field path.
+    return AutoscaleSpec(**raw)
 
 
 def _check_known_fields(
@@ -361,6 +402,8 @@ def _validate_job(spec: JobSpec) -> None:
             src, "metrics_port", f"{spec.metrics_port} is out of range", "Use 0..65535 (0: any)"
         )
 
+    setf("autoscale", _validate_autoscale(spec.autoscale, spec, src))
+
     if spec.chief.replicas > 1:
         raise _spec_error(
             src,
@@ -395,6 +438,89 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
         memory_mb=_as_int(group.memory_mb, src, p + "memory_mb", minimum=0),
         max_replicas=_check_max_replicas(group, src, p + "max_replicas"),
     )
+
+
+def _validate_autoscale(auto: object, spec: JobSpec, src: str) -> AutoscaleSpec:
+    if not isinstance(auto, AutoscaleSpec):
+        raise _spec_error(
+            src,
+            "autoscale",
+            f"expected an AutoscaleSpec, got {_kind(auto)}",
+            "Pass autoscale=AutoscaleSpec(enabled=True, ...)",
+        )
+    p = "autoscale."
+    if not isinstance(auto.enabled, bool):
+        raise _spec_error(
+            src, p + "enabled", f"expected true or false, got {_kind(auto.enabled)}", "Use true"
+        )
+    slots = spec.worker.slots
+    a = AutoscaleSpec(
+        enabled=auto.enabled,
+        min_workers=_as_int(auto.min_workers, src, p + "min_workers", minimum=0),
+        max_workers=_as_int(auto.max_workers, src, p + "max_workers", minimum=0),
+        interval_seconds=_as_seconds(
+            auto.interval_seconds, src, p + "interval_seconds", zero_ok=False
+        ),
+        window=_as_int(auto.window, src, p + "window", minimum=1),
+        settle_seconds=_as_seconds(auto.settle_seconds, src, p + "settle_seconds", zero_ok=True),
+        marginal_gain=_as_number(auto.marginal_gain, src, p + "marginal_gain", "e.g. 0.7"),
+        ps_cpu_percent=_as_number(auto.ps_cpu_percent, src, p + "ps_cpu_percent", "e.g. 90"),
+        ps_memory_percent=_as_number(
+            auto.ps_memory_percent, src, p + "ps_memory_percent", "e.g. 85"
+        ),
+        ps_growth=_as_number(auto.ps_growth, src, p + "ps_growth", "e.g. 1.5"),
+        ps_max_cpu=_as_number(auto.ps_max_cpu, src, p + "ps_max_cpu", "a number of cores, e.g. 4"),
+        ps_max_memory_mb=_as_int(auto.ps_max_memory_mb, src, p + "ps_max_memory_mb", minimum=0),
+        max_total_cpu=_as_number(
+            auto.max_total_cpu, src, p + "max_total_cpu", "a number of cores, e.g. 16"
+        ),
+        max_total_memory_mb=_as_int(
+            auto.max_total_memory_mb, src, p + "max_total_memory_mb", minimum=0
+        ),
+    )
+    if not 0 < a.marginal_gain <= 1:
+        raise _spec_error(
+            src,
+            p + "marginal_gain",
+            f"{a.marginal_gain:g} is not a fraction in (0, 1]",
+            "Use e.g. 0.7: an added worker must bring 70% of the per-worker rate",
+        )
+    for name in ("ps_cpu_percent", "ps_memory_percent"):
+        value = getattr(a, name)
+        if not 0 < value <= 100:
+            raise _spec_error(
+                src, p + name, f"{value:g} is not a percentage in (0, 100]", "Use e.g. 90"
+            )
+    if a.ps_growth <= 1:
+        raise _spec_error(
+            src,
+            p + "ps_growth",
+            f"{a.ps_growth:g} would not give a migrated PS more",
+            "Use a factor above 1, e.g. 1.5",
+        )
+    if a.max_workers > slots:
+        raise _spec_error(
+            src,
+            p + "max_workers",
+            f"{a.max_workers} is above the job's {slots} worker slots",
+            f"Lower it to {slots}, or raise worker.max_replicas to {a.max_workers}",
+        )
+    top = a.max_workers or slots
+    if a.min_workers > top:
+        raise _spec_error(
+            src,
+            p + "min_workers",
+            f"{a.min_workers} is above the most workers the job may have ({top})",
+            f"Use a number <= {top}",
+        )
+    if a.enabled and a.min_workers == 0 and spec.chief.replicas == 0:
+        raise _spec_error(
+            src,
+            p + "min_workers",
+            "0 with no chief would let the autoscaler stop all training",
+            "Use min_workers: 1 or more, or add 'chief: {replicas: 1}'",
+        )
+    return a
 
 
 def _check_max_replicas(group: NodeGroupSpec, src: str, path: str) -> int:
