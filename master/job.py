@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from master.autoscaler import AutoscaleExecutor
 from master.checkpoints import Checkpoint, CheckpointRegistry
 from master.client import (
     ENV_JOB_TOKEN_FILE,
@@ -131,6 +132,10 @@ class JobMaster:
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
+        # Automatic worker scaling and PS migration (master.autoscaler), when the YAML asks.
+        self.autoscaler = (
+            AutoscaleExecutor(self, spec.autoscale) if spec.autoscale.enabled else None
+        )
         self._faults = list(faults)  # given at submit; _fired_faults says which already fired
         self._job_relaunches = 0
         self._started = time.monotonic()
@@ -316,6 +321,8 @@ class JobMaster:
             pass
         self._apply_scale_requests()
         self.migrator.advance()
+        if self.autoscaler is not None:
+            self.autoscaler.tick()
         self._check_heartbeats()
         self._check_hangs()
         self._check_stragglers()
