@@ -6,7 +6,9 @@ session is ready only once the chief has restored the variables, and TF checks t
 sleeps 30 s. Here the chief announces each session it creates (a generation counter in the
 master's KV store) and a worker's first readiness check (`ready_for_local_init_op`) first waits
 for a chief session newer than the one its previous session used: the check then passes, and
-training resumes as soon as the chief has restored. The chief also tells the master the step
+training resumes as soon as the chief has restored. A generation names the PS set it was made
+with, so a worker started with a new PS set (after a PS count change) waits for a chief session
+on that set, not one the old chief made. The chief also tells the master the step
 its model was loaded at, from its own readiness check (before the estimator's checkpoint saver
 re-saves the restored model), so the data goes back to exactly that step: after a PS failure,
 and after a chief restart, which reloads the latest checkpoint too.
@@ -17,6 +19,7 @@ Wrap the model function: `Estimator(elastic_model_fn(model_fn), ...)`.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import threading
@@ -53,11 +56,14 @@ def _generation_key(n: int) -> bytes:
 class ChiefSessionGate:
     """The chief's session generations, announced by the chief and awaited by workers."""
 
-    def __init__(self, master: MasterClient, timeout: float = GATE_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, master: MasterClient, timeout: float = GATE_TIMEOUT_SECONDS, ps_set: bytes = b""
+    ) -> None:
         self.master = master
         self._kv = KVClient(master)
         self._timeout = timeout
-        self._seen = 0  # the chief generation this worker's current session was made after
+        self._ps_set = ps_set or ps_set_of(os.environ.get("TF_CONFIG", ""))
+        self._seen = -1  # the chief generation this worker's current session was made after
 
     def report_restored(self, global_step: object) -> bool:
         """Chief, while its session is made: the model was initialised or restored at
@@ -71,7 +77,7 @@ class ChiefSessionGate:
     def announce(self) -> int:
         """Chief: its session is ready; workers waiting for a newer one go on. Returns its id."""
         n = self._kv.add(GENERATION_KEY, 1)
-        self._kv.set(_generation_key(n), b"ready")
+        self._kv.set(_generation_key(n), self._ps_set)
         log.info("chief session %d is ready", n)
         return n
 
@@ -79,6 +85,8 @@ class ChiefSessionGate:
         """Worker: block until the chief has a session newer than the last one seen."""
         started = time.monotonic()
         try:
+            if self._seen < 0:
+                self._seen = self._first_seen()
             newer = self._kv.wait([_generation_key(self._seen + 1)], self._timeout)
             self._seen = self._kv.add(GENERATION_KEY, 0)
         except MasterError as e:
@@ -90,6 +98,24 @@ class ChiefSessionGate:
         else:
             log.warning("no new chief session after %.0f s; checking readiness anyway", waited)
         return True
+
+    def _first_seen(self) -> int:
+        """A new worker process: the chief's latest session will do if it runs on this worker's
+        PS set; otherwise (the PS set changed, the chief restarts too) wait for its next one."""
+        latest = self._kv.add(GENERATION_KEY, 0)
+        if latest == 0:
+            return 0
+        made_on = self._kv.get(_generation_key(latest), 0)
+        return latest - 1 if made_on in (self._ps_set, b"ready") else latest
+
+
+def ps_set_of(tf_config: str) -> bytes:
+    """The PS addresses of a TF_CONFIG, as the key a chief session is announced with."""
+    try:
+        ps = json.loads(tf_config).get("cluster", {}).get("ps", [])
+    except (ValueError, AttributeError):
+        ps = []
+    return ",".join(ps).encode()
 
 
 class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):

@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         # Internal: set by the `dlrover submit` supervisor on the master it runs.
         s.add_argument("--lifeline-fd", type=int, default=-1, help=argparse.SUPPRESS)
         s.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+        # Set in the master's Kubernetes Job: resume when the state holds the job running.
+        s.add_argument("--resume-if-started", action="store_true", help=argparse.SUPPRESS)
+        s.add_argument("--job-token-file", default="", help=argparse.SUPPRESS)
+        s.add_argument("--ray-namespace", default="", help=argparse.SUPPRESS)
         s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
         if name == "submit":
             s.add_argument(
@@ -88,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
                 default="",
                 help="with --platform k8s: image of the master and nodes "
                 "(default: dlrover-elastic:latest)",
+            )
+            s.add_argument(
+                "--data-claim",
+                default="",
+                metavar="PVC",
+                help="with --platform k8s: PersistentVolumeClaim mounted at /var/dlrover in the "
+                "master and every node (run dirs; the state unless --state is etcd://)",
             )
 
     br = sub.add_parser("brain", help="the job-history Brain: serve it, or ask it about a job")
@@ -116,8 +127,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until the job ends",
     )
-    sc = sub.add_parser("scale", help="change the number of workers (or evaluators) of a job")
-    sc.add_argument("target", metavar="TYPE=N", help="e.g. worker=3")
+    sc = sub.add_parser(
+        "scale", help="change the number of workers, evaluators or PS of a running job"
+    )
+    sc.add_argument(
+        "target",
+        metavar="TYPE=N",
+        help="e.g. worker=3; ps=2 checkpoints, then restarts PS, chief and workers on 2 PS",
+    )
     sc.add_argument("--reason", default="", help="shown in the job's events")
     ch = sub.add_parser(
         "chaos", help="run a job while killing random nodes and its master; report what it took"
@@ -187,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
     if args.cmd == "submit" and args.platform != "k8s":
-        given = [f for f in ("dry_run", "namespace", "image") if getattr(args, f)]
+        given = [f for f in ("dry_run", "namespace", "image", "data_claim") if getattr(args, f)]
         if given:
             flags = ", ".join("--" + f.replace("_", "-") for f in given)
             print(f"dlrover: error: {flags} only apply with --platform k8s", file=sys.stderr)
@@ -196,11 +213,29 @@ def main(argv: list[str] | None = None) -> int:
         # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
         from master.k8s_submit import submit_k8s
 
-        return submit_k8s(spec, args.job_yaml, args.namespace, args.image, args.dry_run)
+        return submit_k8s(
+            spec,
+            args.job_yaml,
+            args.namespace,
+            args.image,
+            args.dry_run,
+            state=args.state,
+            data_claim=args.data_claim,
+        )
     from master.submit import SubmitOptions, run_job
 
-    if args.cmd == "submit" and args.platform == "local" and args.lifeline_fd < 0:
+    if args.cmd == "submit" and args.lifeline_fd < 0 and _supervised(args):
         return _supervise(spec, args, argv)
+    resume = args.resume
+    if args.resume_if_started or args.job_token_file:
+        try:
+            resume, ended, master_config = _restartable_master(spec, args, master_config)
+        except (OSError, ValueError) as e:
+            print(f"dlrover: error: {e}", file=sys.stderr)
+            return 2
+        if ended:
+            print(f"dlrover: the job already ended ({ended}); nothing to run", file=sys.stderr)
+            return 0 if ended == "succeeded" else 1
     opts = SubmitOptions(
         master=master_config,
         run_dir=args.run_dir,
@@ -210,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet=args.cmd == "master",
         platform=args.platform,
         platform_options=_platform_options(args),
-        resume=args.resume,
+        resume=resume,
         brain=_brain_location(args.brain, spec),
     )
     from master.tls import TLSError
@@ -222,9 +257,72 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _supervised(args: argparse.Namespace) -> bool:
+    """Whether `dlrover submit` runs the master as a child it restarts: always locally; on Ray
+    when the cluster outlives the master (--ray-address), so its node actors can too."""
+    return args.platform == "local" or (args.platform == "ray" and bool(args.ray_address))
+
+
+def _restartable_master(spec, args: argparse.Namespace, cfg: MasterConfig):
+    """(resume, ended state or "", config) of a master that may be a restarted one.
+
+    --resume-if-started: resume when the state holds the job running; report its end when it
+    holds it ended. --job-token-file: the token a previous master gave its nodes, if the file
+    exists (a fresh job makes a new one).
+    """
+    import dataclasses
+    import os
+
+    from master.submit import TOKEN_FILE, state_namespace
+
+    resume, ended = args.resume, ""
+    if args.resume_if_started:
+        if not args.run_dir:
+            raise ValueError("--resume-if-started needs --run-dir (the run to resume)")
+        state = args.state or os.path.join(os.path.abspath(args.run_dir), "state.sqlite")
+        recorded = _recorded_job_state(state, state_namespace(spec, os.path.abspath(args.run_dir)))
+        if recorded in ("succeeded", "failed", "stopped"):
+            ended = recorded
+        resume = recorded == "running"
+    if args.job_token_file and os.path.exists(args.job_token_file):
+        with open(args.job_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if token:
+            cfg = dataclasses.replace(cfg, job_token=token)
+            kept = os.path.join(os.path.abspath(args.run_dir or "."), TOKEN_FILE)
+            if resume and not os.path.exists(kept):  # a new pod: its run dir was not kept
+                os.makedirs(os.path.dirname(kept), exist_ok=True)
+                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(token)
+    return resume, ended, cfg
+
+
+def _recorded_job_state(state_path: str, namespace: str) -> str:
+    """"" (no job started), "running", or how the job recorded in the state store ended."""
+    import json
+    import os
+
+    from master.job import JOB_TABLE
+    from master.state.factory import open_state_store, parse_state_url
+
+    if parse_state_url(state_path).kind == "sqlite" and not os.path.exists(state_path):
+        return ""
+    store = open_state_store(state_path, job=namespace)
+    try:
+        started = store.get(JOB_TABLE, "runtime") is not None
+        raw = store.get(JOB_TABLE, "status")
+    finally:
+        store.close()
+    state = json.loads(raw)["state"] if raw is not None else ""
+    if state in ("succeeded", "failed", "stopped"):
+        return state
+    return "running" if started else ""
+
+
 def _platform_options(args: argparse.Namespace) -> dict[str, str]:
     if args.platform == "ray":
-        return {"address": args.ray_address}
+        return {"address": args.ray_address, "namespace": args.ray_namespace}
     if args.platform == "local" and args.lifeline_fd >= 0:
         return {"lifeline_fd": str(args.lifeline_fd)}
     return {}

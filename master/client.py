@@ -247,7 +247,9 @@ class MasterClient:
 
     def scale(self, node_type: str, replicas: int, reason: str = "") -> nodes_pb2.ScaleReply:
         req = nodes_pb2.ScaleRequest(node_type=node_type, replicas=replicas, reason=reason)
-        return self._call(self._stub.Scale, req)
+        # A PS count change returns once the cluster restarted with the new PS set.
+        extra = 300 if node_type == "ps" else 0
+        return self._call(self._stub.Scale, req, timeout=self.call_timeout + extra)
 
     def migrate(
         self, node_type: str, rank: int, memory_mb: int = 0, cpu: float = 0.0, reason: str = ""

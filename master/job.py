@@ -30,7 +30,7 @@ from master.diagnosis import Diagnosis, diagnose_exit, find_stragglers
 from master.events import EVENTS_FILE, EventLog, JobEvent, read_events
 from master.faults import MASTER, Fault, due
 from master.kv.store import KVStore
-from master.migration import MigrateResult, PSMigrator
+from master.migration import CLUSTER_TYPES, MigrateResult, PSMigrator
 from master.nodes.manager import NodeManager
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
 from master.nodes.policy import (
@@ -55,6 +55,7 @@ STREAM_DRAIN_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
+PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
 JOB_TABLE = "job"
 # How often the control loop checks that no newer master instance has taken over.
@@ -153,7 +154,13 @@ class JobMaster:
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
         self.migrator = PSMigrator(
-            self.kv, self.nodes.current, self._running_workers, self._retire_node, self.emit
+            self.kv,
+            self.nodes.current,
+            self._running_workers,
+            self._retire_node,
+            self.emit,
+            stop_cluster=self._stop_for_ps_change,
+            start_cluster=self._start_after_ps_change,
         )
 
     # -- public -------------------------------------------------------------
@@ -166,11 +173,18 @@ class JobMaster:
     def request_scale(
         self, node_type: str, replicas: int, reason: str, timeout: float = 30.0
     ) -> ScaleResult:
-        """Ask the control loop to run `replicas` nodes of `node_type`; waits until applied."""
+        """Ask the control loop to run `replicas` nodes of `node_type`; waits until applied.
+        A PS count change checkpoints and restarts the cluster (see master.migration)."""
+        if node_type == "ps":
+            if self.state.ended:
+                raise ValueError(f"the job has already ended ({self.state.value})")
+            done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
+            result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
+            return ScaleResult(result.previous, result.ps_count, self.cluster_version)
         if node_type not in SCALABLE_TYPES:
             raise ValueError(
                 f"cannot scale {node_type!r} at run time; scalable types: "
-                f"{', '.join(SCALABLE_TYPES)} (PS scaling comes with PS migration)"
+                f"{', '.join(('ps', *SCALABLE_TYPES))}"
             )
         if not 0 <= replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be in [0, {MAX_REPLICAS}], got {replicas}")
@@ -297,6 +311,8 @@ class JobMaster:
                 continue
             self.platform.adopt(self._launch_spec(node), node.platform_handle)
             adopted += 1
+        # Torch rendezvous rounds go on with their members (fresh leases from now).
+        self.rendezvous.resume()
         self._emit(
             "master_restarted",
             f"master restarted (epoch {self.epoch}): adopted {adopted} running nodes, "
@@ -474,6 +490,8 @@ class JobMaster:
                 records_requeued=sum(requeued.values()),
             )
         migration = self.migrator.on_exit(node)
+        if migration is not None and migration.ps_count:
+            return  # stopped for a PS count change, which starts the new cluster itself
         if migration is not None:
             new = self._launch(
                 node.type, node.rank, node.relaunches, migration.memory_mb, migration.cpu
@@ -801,6 +819,44 @@ class JobMaster:
         self.nodes.save(node)
         if not self.platform.signal_node(node.id, signal.SIGKILL):
             self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+
+    def _stop_for_ps_change(self, ps_count: int) -> list[Node]:
+        """A PS count change, after its checkpoint: stop every PS, the chief and the workers at
+        once (they wait at a step boundary); none is relaunched until all have ended."""
+        stopping = [
+            n
+            for n in self.nodes.all_current()
+            if n.type in CLUSTER_TYPES and n.state == NodeState.RUNNING
+        ]
+        for node in stopping:
+            node.extra["ps_change"] = ps_count
+            self._retire_node(node)
+        return stopping
+
+    def _start_after_ps_change(self, ps_count: int) -> int:
+        """Start the cluster again with `ps_count` PS and a new TF_CONFIG: the chief restores
+        the checkpoint made for the change (re-partitioned by TF's saver), workers follow."""
+        previous = self._replicas["ps"]
+        self._replicas["ps"] = ps_count
+        self.cluster_version += 1
+        self._save_runtime()
+        restart = [
+            n
+            for n in self.nodes.all_current()
+            if n.type in ("chief", "worker")
+            and n.rank < self._replicas[n.type]
+            and n.extra.get("ps_change") == ps_count
+        ]
+        for rank in range(ps_count):
+            old = self.nodes.current("ps", rank)
+            self._launch("ps", rank, old.relaunches if old else 0, old.memory_mb if old else 0)
+        for node in restart:
+            self._launch(node.type, node.rank, node.relaunches, node.memory_mb, node.cpu)
+        if not self._chief_reports_restores:
+            self._rollback_data()  # to the checkpoint made for the change
+        for rank in range(ps_count, previous):
+            log.info("ps-%d retired: the job now has %d PS", rank, ps_count)
+        return self.cluster_version
 
     def _stop_node(self, node: Node) -> None:
         node.stop_requested = True

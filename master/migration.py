@@ -1,10 +1,16 @@
-"""PS migration: move a PS to new CPU or memory while the job trains.
+"""PS set changes while the job trains: move a PS to new CPU or memory, or change the PS count.
 
-Protocol: ask the chief for a checkpoint at its next step (a request key in the master's KV
-store, which `dlrover_tf.elastic_model_fn` watches) and wait for its report; stop the old PS;
-start the new incarnation with the new resources at the same address (a local port, or a
-Kubernetes headless service), so no node needs a new cluster spec; the chief's session fails,
-it restores the checkpoint just made, the data position follows it, and workers resume.
+Both start alike: workers pause at a step boundary, then the chief checkpoints at its next step
+(request keys in the master's KV store, which `dlrover_tf.elastic_model_fn` watches) and reports.
+
+- Move: stop the old PS and start the new incarnation with the new resources at the same
+  address (a local port, or a Kubernetes headless service), so no node needs a new cluster spec;
+  the chief's session fails, it restores the checkpoint just made, the data position follows
+  it, and workers resume.
+- Count change: the cluster spec changes, and a TF1 server cannot join a new cluster in
+  process, so every PS, the chief and the workers are stopped at that step boundary and started
+  again with the new `TF_CONFIG` (a bumped cluster version). The chief restores the checkpoint,
+  re-partitioned over the new PS set by TF's saver, and the data position follows it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ CHECKPOINT_TIMEOUT_SECONDS = 120.0
 # (steps taken meanwhile are trained again after the restore, as without a pause).
 PAUSE_TIMEOUT_SECONDS = 20.0
 MIGRATABLE_TYPES = ("ps",)
+# The nodes a PS count change restarts: those whose TF_CONFIG holds the PS list.
+CLUSTER_TYPES = ("ps", "chief", "worker")
+MAX_PS = 64
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,16 @@ class MigrateResult:
     """The new incarnation and the checkpoint the model is restored from."""
 
     node_id: int
+    checkpoint_step: int
+
+
+@dataclass(frozen=True)
+class ResizeResult:
+    """A PS count change applied: the cluster version the nodes were restarted with."""
+
+    previous: int
+    ps_count: int
+    cluster_version: int
     checkpoint_step: int
 
 
@@ -50,7 +69,9 @@ class _Migration:
     request_number: int = 0
     checkpoint_step: int = 0
     old_id: int = 0
-    extra: dict = field(default_factory=dict)
+    ps_count: int = 0  # a count change to this many PS (0: a move of one PS)
+    previous_count: int = 0
+    stopping: set[int] = field(default_factory=set)  # ids a count change waits to see end
 
 
 class PSMigrator:
@@ -63,12 +84,16 @@ class PSMigrator:
         workers: Callable[[], list[Node]],
         retire_node: Callable[[Node], None],
         emit: Callable[..., None],
+        stop_cluster: Callable[[int], list[Node]] | None = None,
+        start_cluster: Callable[[int], int] | None = None,
     ) -> None:
         self._kv = kv
         self._current = current
         self._workers = workers  # the running non-chief trainers, which pause
         self._retire_node = retire_node
         self._emit = emit
+        self._stop_cluster = stop_cluster  # (new PS count) -> the nodes being stopped
+        self._start_cluster = start_cluster  # (new PS count) -> the new cluster version
         self._requests: queue.SimpleQueue[_Migration] = queue.SimpleQueue()
         self._active: _Migration | None = None
 
@@ -92,6 +117,25 @@ class PSMigrator:
             raise ValueError(f"{node_type}-{rank} is not running; nothing to migrate")
         done: Future = Future()
         self._requests.put(_Migration(node_type, rank, memory_mb, cpu, reason, done))
+        return done
+
+    def request_resize(self, ps_count: int, current: int, reason: str) -> Future:
+        """Queue a PS count change; the future ends with a ResizeResult or why it failed."""
+        if self._stop_cluster is None or self._start_cluster is None:
+            raise ValueError("this master cannot change the PS count")
+        if current == 0:
+            raise ValueError("the job has no PS: it does not run in parameter-server mode")
+        if not 1 <= ps_count <= MAX_PS:
+            raise ValueError(f"ps replicas must be in [1, {MAX_PS}], got {ps_count}")
+        chief = self._current("chief", 0)
+        if chief is None or chief.state != NodeState.RUNNING:
+            raise ValueError(
+                "changing the PS count needs a running chief to checkpoint the model first"
+            )
+        done: Future = Future()
+        self._requests.put(
+            _Migration("ps", 0, 0, 0.0, reason, done, ps_count=ps_count, previous_count=current)
+        )
         return done
 
     def advance(self) -> None:
@@ -121,7 +165,10 @@ class PSMigrator:
             answer = self._kv.get(checkpoint_request_key(m.request_number, "done"), 0)
             if answer is not None:
                 m.checkpoint_step = int(answer)
-                self._stop_old(m)
+                if m.ps_count:
+                    self._stop_for_resize(m)
+                else:
+                    self._stop_old(m)
             elif time.monotonic() > m.deadline:
                 self._fail(
                     m,
@@ -130,11 +177,19 @@ class PSMigrator:
                 )
 
     def on_exit(self, node: Node) -> _Migration | None:
-        """The node ended: the migration replacing it, if one is (the caller starts the new one)."""
+        """The node ended: the migration replacing it, if one is (the caller starts the new one).
+        A node a count change stopped is taken care of here (its start waits for all of them)."""
         m = self._active
-        if m is None or m.phase != "stopping" or node.id != m.old_id:
+        if m is None or m.phase != "stopping":
             return None
-        return m
+        if m.ps_count:
+            if node.id not in m.stopping:
+                return None
+            m.stopping.discard(node.id)
+            if not m.stopping:
+                self._finish_resize(m)
+            return m
+        return m if node.id == m.old_id else None
 
     def finished(self, m: _Migration, new: Node) -> None:
         """The new incarnation runs: the migration is complete."""
@@ -152,17 +207,16 @@ class PSMigrator:
         self._active = None
 
     def _start(self, m: _Migration) -> None:
+        if m.ps_count:
+            self._start_resize(m)
+            return
         node = self._current(m.node_type, m.rank)
         if node is None or node.state != NodeState.RUNNING:
             self._fail(m, f"{m.node_type}-{m.rank} is not running any more")
             return
         # Workers stop at a step boundary first, so the checkpoint and the data position it is
         # saved with hold every step taken, and nothing is trained twice after the restore.
-        m.phase = "pausing"
-        m.deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
-        m.pausing = tuple(w.name for w in self._workers())
-        m.pause_number = self._kv.add(PAUSE_KEY, 1)
-        self._kv.set(pause_key(m.pause_number), (m.reason or "migration").encode())
+        self._pause_workers(m)
         self._emit(
             "migration",
             f"moving {m.node_type}-{m.rank} to "
@@ -179,6 +233,61 @@ class PSMigrator:
             node,
             reason=m.reason,
         )
+
+    def _pause_workers(self, m: _Migration) -> None:
+        m.phase = "pausing"
+        m.deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
+        m.pausing = tuple(w.name for w in self._workers())
+        m.pause_number = self._kv.add(PAUSE_KEY, 1)
+        self._kv.set(pause_key(m.pause_number), (m.reason or "migration").encode())
+
+    def _start_resize(self, m: _Migration) -> None:
+        previous = m.previous_count
+        chief = self._current("chief", 0)
+        if chief is None or chief.state != NodeState.RUNNING:
+            self._fail(m, "the chief is not running any more")
+            return
+        if m.ps_count == previous:
+            m.done.set_result(ResizeResult(previous, previous, -1, -1))
+            self._active = None
+            return
+        self._pause_workers(m)
+        self._emit(
+            "ps_resize",
+            f"ps {previous} -> {m.ps_count}"
+            + (f" ({m.reason})" if m.reason else "")
+            + ": pausing the workers, then a checkpoint on the chief; then PS, chief and "
+            "workers restart with the new cluster spec",
+            reason=m.reason,
+            previous=previous,
+            ps_count=m.ps_count,
+        )
+
+    def _stop_for_resize(self, m: _Migration) -> None:
+        m.phase = "stopping"
+        # The set is filled before any node is stopped: a platform that cannot signal reports
+        # the exit at once, re-entering on_exit.
+        stopping = self._stop_cluster(m.ps_count)
+        m.stopping.update(n.id for n in stopping if not n.state.ended)
+        if not m.stopping:
+            self._finish_resize(m)
+
+    def _finish_resize(self, m: _Migration) -> None:
+        previous = m.previous_count
+        version = self._start_cluster(m.ps_count)
+        self._emit(
+            "ps_resized",
+            f"ps {previous} -> {m.ps_count}: cluster version {version}; restoring the "
+            f"checkpoint of step {m.checkpoint_step}, re-partitioned over {m.ps_count} PS",
+            reason=m.reason,
+            previous=previous,
+            ps_count=m.ps_count,
+            cluster_version=version,
+            checkpoint_step=m.checkpoint_step,
+        )
+        self._release(m)
+        m.done.set_result(ResizeResult(previous, m.ps_count, version, m.checkpoint_step))
+        self._active = None
 
     def _request_checkpoint(self, m: _Migration) -> None:
         m.phase = "checkpoint"

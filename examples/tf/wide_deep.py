@@ -159,8 +159,26 @@ def model_fn(
     optimizer = tf.compat.v1.train.AdagradOptimizer(LEARNING_RATE)
     train_op = optimizer.minimize(loss, global_step=global_step)
     tf.compat.v1.add_to_collection(_RECORD_ID_COLLECTION, features[RECORD_ID])
+    _log_partitions(params["num_ps"], params["task"])
     hooks = [MeanLossHook(loss, global_step, params["log_every"], params["task"])]
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=hooks)
+
+
+def _log_partitions(num_ps: int, task: str) -> None:
+    """Say how the partitioned variables are split: a PS count change re-partitions them."""
+    parts: dict[str, set[str]] = {}
+    for v in tf.compat.v1.trainable_variables():
+        if "/part_" in v.name:
+            whole, part = v.name.split("/part_", 1)
+            parts.setdefault(whole, set()).add(part)
+    if parts:
+        logger.info(
+            "[%s] %d partitioned variables over %d PS, up to %d parts each",
+            task,
+            len(parts),
+            num_ps,
+            max(len(p) for p in parts.values()),
+        )
 
 
 class MeanLossHook(tf.estimator.SessionRunHook):

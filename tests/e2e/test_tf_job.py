@@ -240,3 +240,55 @@ def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
     )
     assert counts.min() == EPOCHS
     assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
+
+
+def test_tf_ps_count_1_to_2_while_training(tmp_path):
+    from master.client import MasterClient, read_token
+
+    ids = write_job(tmp_path, eval_records=1024)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    try:
+        addr = proc.stdout.readline().split("master at ")[1].split(",")[0]
+        token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
+        client = MasterClient(addr, token, retry_seconds=5.0)
+        deadline = time.monotonic() + 300
+        while client.job_status().global_step < 150:
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        reply = client.scale("ps", 2, reason="e2e")
+        assert (reply.previous, reply.replicas) == (1, 2)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert sorted((n["rank"], n["relaunches"]) for n in ps) == [(0, 0), (0, 0), (1, 0)]
+    kinds = [e["kind"] for e in summary["events"]]
+    assert "ps_resize" in kinds and "ps_resized" in kinds and "relaunch" not in kinds
+    resized = next(e for e in summary["events"] if e["kind"] == "ps_resized")
+    assert resized["details"]["cluster_version"] > 1
+    # The restarted chief built its variables over two PS and restored the checkpoint into them.
+    chief_logs = sorted(glob.glob(str(run_dir / "logs" / "chief-0.*.log")))
+    assert len(chief_logs) == 2, chief_logs
+    before, after = (open(p).read() for p in chief_logs)
+    assert "over 1 PS, up to 1 parts" in before
+    assert "over 2 PS, up to 2 parts" in after
+    assert f"model-{resized['details']['checkpoint_step']}" in after or "Restoring" in after
+    redo = sum(
+        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
+    )
+    assert redo <= 2 * BATCH, redo
+    counts = np.bincount(
+        np.concatenate([np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "*.ids"))]),
+        minlength=RECORDS,
+    )
+    assert counts.min() == EPOCHS
+    assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
