@@ -117,3 +117,78 @@ def test_a_ps_that_is_not_running_cannot_be_migrated():
     job.ps.state = NodeState.FAILED
     with pytest.raises(ValueError, match="ps-0 is not running"):
         job.migrator.request("ps", 0, 2048, 0, reason="", replicas=1)
+
+
+class ResizableJob(Job):
+    """A job with a chief, whose cluster the migrator can stop and start for a PS count change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chief = Node("chief", 0, id=9, state=NodeState.RUNNING)
+        self.version = 1
+        self.started: list[int] = []
+        self.migrator = PSMigrator(
+            self.kv,
+            lambda t, r: {("ps", 0): self.ps, ("chief", 0): self.chief}.get((t, r)),
+            lambda: self.workers,
+            lambda node: self.retired.append(node.id),
+            lambda kind, message, *a, **k: self.events.append((kind, message)),
+            stop_cluster=self._stop,
+            start_cluster=self._start,
+        )
+
+    def _stop(self, ps_count: int) -> list[Node]:
+        nodes = [self.ps, self.chief, *self.workers]
+        self.retired.extend(n.id for n in nodes)
+        return nodes
+
+    def _start(self, ps_count: int) -> int:
+        self.started.append(ps_count)
+        self.version += 1
+        return self.version
+
+
+def _through_checkpoint(job: ResizableJob, step: bytes) -> None:
+    job.migrator.advance()  # starts: workers asked to pause
+    for w in job.workers:
+        job.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
+    job.migrator.advance()  # every worker paused: checkpoint requested
+    job.kv.set(checkpoint_request_key(1, "done"), step)
+    job.migrator.advance()  # checkpoint made: the cluster is stopped
+
+
+def test_a_ps_count_change_restarts_the_cluster_only_once_every_node_ended():
+    from master.migration import ResizeResult
+
+    job = ResizableJob()
+    done = job.migrator.request_resize(2, current=1, reason="more ps")
+    _through_checkpoint(job, b"300")
+    assert sorted(job.retired) == [1, 2, 3, 9]
+    assert job.started == []
+    for node in (job.ps, job.workers[0], job.chief):
+        node.state = NodeState.DELETED
+        assert job.migrator.on_exit(node) is not None  # taken care of: not relaunched
+    assert job.started == [] and not done.done()  # worker-1 still holds its port
+    assert job.migrator.on_exit(Node("worker", 5, id=77)) is None  # not one it stopped
+    job.workers[1].state = NodeState.DELETED
+    job.migrator.on_exit(job.workers[1])
+    assert job.started == [2]
+    assert done.result(0) == ResizeResult(1, 2, 2, 300)
+    assert job.kv.get(pause_key(1, "release"), 0) == b"1"
+    assert [k for k, _ in job.events] == ["ps_resize", "ps_resized"]
+
+
+@pytest.mark.parametrize(
+    ("count", "current", "message"),
+    [(0, 1, "in \\[1, 64\\]"), (65, 1, "in \\[1, 64\\]"), (2, 0, "no PS")],
+)
+def test_a_ps_count_change_refuses_bad_counts(count, current, message):
+    with pytest.raises(ValueError, match=message):
+        ResizableJob().migrator.request_resize(count, current, "")
+
+
+def test_a_ps_count_change_needs_a_running_chief():
+    job = ResizableJob()
+    job.chief.state = NodeState.FAILED
+    with pytest.raises(ValueError, match="running chief"):
+        job.migrator.request_resize(2, 1, "")
