@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from master.config import NODE_TYPES
 from master.events import JobEvent
 from master.nodes.model import NodeState
-from master.rpc_handlers import rewrap
+from master.rpc_handlers import RewrapCache, rewrap
 
 if TYPE_CHECKING:
     from master.job import JobMaster
@@ -221,6 +221,7 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
     def __init__(self, histogram: Histogram, stream_messages: Counter) -> None:
         self._histogram = histogram
         self._stream_messages = stream_messages
+        self._wrapped = RewrapCache()
 
     def intercept_service(
         self,
@@ -230,14 +231,22 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
-        return rewrap(
+        full = handler_call_details.method
+        method = full.rsplit("/", 1)[-1]
+        return self._wrapped.get(
+            full,
             handler,
-            unary=lambda behavior: self._timed(behavior, method),
-            stream_in=lambda behavior: self._counted(behavior, method),
+            lambda h: rewrap(
+                h,
+                unary=lambda behavior: self._timed(behavior, method),
+                stream_in=lambda behavior: self._counted(behavior, method),
+            ),
         )
 
     def _timed(self, behavior: Callable, method: str) -> Callable:
+        histogram = self._histogram
+        ok = histogram.labels(method, "OK")  # the common case, looked up once
+
         def timed(request: object, context: grpc.ServicerContext) -> object:
             start = time.perf_counter()
             code = "OK"
@@ -249,7 +258,8 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
             finally:
                 if code == "OK":
                     code = _code_name(context, "OK")
-                self._histogram.labels(method, code).observe(time.perf_counter() - start)
+                child = ok if code == "OK" else histogram.labels(method, code)
+                child.observe(time.perf_counter() - start)
 
         return timed
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from master.rpc_handlers import rewrap
+from master.rpc_handlers import RewrapCache, rewrap
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0
@@ -60,6 +60,7 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, buckets: TokenBuckets) -> None:
         self._buckets = buckets
+        self._wrapped = RewrapCache()
 
     def intercept_service(
         self,
@@ -69,6 +70,9 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return handler
+        return self._wrapped.get(handler_call_details.method, handler, self._build)
+
+    def _build(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         buckets = self._buckets
 
         def limited(behavior: Callable) -> Callable:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import grpc
 
 Wrap = Callable[[Callable], Callable]
+MAX_CACHED_HANDLERS = 1024  # far above the number of methods the master serves
 
 
 def rewrap(
@@ -32,3 +33,30 @@ def rewrap(
                 response_serializer=handler.response_serializer,
             )
     return handler
+
+
+class RewrapCache:
+    """Rewrapped handlers kept per (method, original handler), so a call after the first pays a
+    dict lookup instead of building a new handler (the server asks interceptors on every call).
+
+    The original handler is kept alive in the cache, so its id() is never reused."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        build: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler],
+    ) -> grpc.RpcMethodHandler:
+        key = (method, id(handler))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = build(handler)
+        # Bounded: refused calls (a wrong token) may name any method at all.
+        if len(self._cache) < MAX_CACHED_HANDLERS:
+            # A dict assignment is atomic: racing first calls both build, one entry stays.
+            self._cache[key] = (handler, wrapped)
+        return wrapped

@@ -58,10 +58,23 @@ class DatasetStats:
 
 
 class _Entry:
+    """A dataset's ledger, its lock, and how far its changes are in the state store.
+
+    `version` counts changes to the ledger; `durable` is the version the store last received.
+    """
+
     def __init__(self, ledger: DatasetLedger) -> None:
         self.ledger = ledger
         self.cond = threading.Condition()
-        self.dirty = False
+        self.version = 0
+        self.durable = 0
+        # Held while one thread writes the ledger for everyone waiting (group commit).
+        self.commit_lock = threading.Lock()
+
+    def changed(self) -> int:
+        """Count a change (call with `cond` held); returns the version to make durable."""
+        self.version += 1
+        return self.version
 
 
 def snapshot_key(dataset: str, global_step: int) -> str:
@@ -132,12 +145,15 @@ class ShardingService:
         with entry.cond:
             again = entry.ledger.granted(holder, request_id)
             if again is not None:
-                return ShardGrant(ShardStatus.SHARD, again, entry.ledger.record_indices(again))
-            while True:
+                # Its grant may still be on its way to the store (a retry racing the first ask).
+                version = entry.version
+                ledger = entry.ledger
+                shard = again
+            while again is None:
                 ledger = entry.ledger
                 shard = ledger.next_shard(holder, request_id)
                 if shard is not None:
-                    entry.dirty = True
+                    version = entry.changed()
                     break
                 if ledger.finished:
                     return ShardGrant(ShardStatus.END)
@@ -146,7 +162,7 @@ class ShardingService:
                     return ShardGrant(ShardStatus.PENDING)
                 entry.cond.wait(remaining)
         # Durable before the node learns of it: a restarted master must know who holds it.
-        self._persist(entry, force=True)
+        self._commit(entry, version)
         # Pure in (spec, shard): computed outside the lock.
         return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
 
@@ -155,22 +171,25 @@ class ShardingService:
         entry = self._entry(name)
         with entry.cond:
             completed = False
-            for shard_id, consumed in reports:
-                completed |= entry.ledger.report(holder, shard_id, consumed)
-            entry.dirty = True
+            try:
+                for shard_id, consumed in reports:
+                    completed |= entry.ledger.report(holder, shard_id, consumed)
+            finally:
+                # Reports before a bad one were applied: they count as a change either way.
+                version = entry.changed()
             if completed and entry.ledger.finished:
                 entry.cond.notify_all()
         if completed:
             # A finished shard is never reported again: make its end durable now. Partial
             # progress may lag by one flush; nodes re-send it after a master restart.
-            self._persist(entry, force=True)
+            self._commit(entry, version)
 
     def release(self, name: str, holder: int) -> int:
         """Re-queue the unconsumed remainder of the holder's shards of one dataset."""
         entry = self._entry(name)
         with entry.cond:
             n = entry.ledger.release(holder)
-            entry.dirty = True
+            entry.changed()
             entry.cond.notify_all()
         return n
 
@@ -223,9 +242,9 @@ class ShardingService:
             entry.ledger = DatasetLedger.from_snapshot(
                 data, requeue_doing=True, first_shard_id=entry.ledger.next_shard_id
             )
-            entry.dirty = True
+            version = entry.changed()
             entry.cond.notify_all()
-        self._persist(entry, force=True)
+        self._commit(entry, version)
         return data
 
     def snapshot_steps(self, name: str) -> list[int]:
@@ -257,13 +276,30 @@ class ShardingService:
                 )
         return out
 
-    def _persist(self, entry: _Entry, force: bool = False) -> None:
-        with entry.cond:
-            if not (entry.dirty or force):
+    def _commit(self, entry: _Entry, version: int) -> None:
+        """Return once the store holds the ledger as of `version` (or later).
+
+        Group commit: the thread that gets `commit_lock` writes the ledger as it is then, which
+        covers every change made so far; the threads that queued behind it meanwhile find their
+        version already durable and return without writing. Under load one store write serves
+        many calls; alone, a call costs one write as before.
+        """
+        if entry.durable >= version:
+            return
+        with entry.commit_lock:
+            if entry.durable >= version:
                 return
-            data = entry.ledger.snapshot()
-            entry.dirty = False
-        self._store.put(LEDGER_TABLE, entry.ledger.spec.name, json.dumps(data).encode())
+            with entry.cond:
+                covered = entry.version
+                data = entry.ledger.snapshot()
+            self._store.put(LEDGER_TABLE, data["spec"]["name"], json.dumps(data).encode())
+            entry.durable = covered
+
+    def _persist(self, entry: _Entry, force: bool = False) -> None:
+        """Write the ledger if it changed since the last write (always, with `force`)."""
+        with entry.cond:
+            version = entry.changed() if force else entry.version
+        self._commit(entry, version)
 
     def flush(self) -> None:
         """Write every changed ledger to the state store now."""
