@@ -127,7 +127,9 @@ class MasterClient:
         call_timeout: float = 30.0,
         retry_seconds: float = 60.0,
         tls: ClientTLS | None = None,
+        channel_options: Iterable[tuple[str, object]] = (),
     ) -> None:
+        """`channel_options`: extra gRPC channel arguments (e.g. a private connection)."""
         self.addr = addr
         self.node = node
         self.call_timeout = call_timeout
@@ -147,6 +149,7 @@ class MasterClient:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1_000),
+            *channel_options,
         ]
         if tls is not None:
             try:
