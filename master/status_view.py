@@ -85,7 +85,14 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
         "event_count": len(job.event_log),
         "run_dir": job.runtime.run_dir,
         "master_addr": job.runtime.master_addr,
+        "autoscale": _autoscale(job),
     }
+
+
+def _autoscale(job: JobMaster) -> dict[str, Any]:
+    """The auto-scaler's last decision and current reasoning ({"enabled": False} when off)."""
+    scaler = getattr(job, "autoscaler", None)
+    return scaler.status() if scaler is not None else {"enabled": False}
 
 
 def _type_index(node_type: str) -> int:
@@ -138,6 +145,22 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
             f"{n['cpu_percent']:>6.1f} {n['memory_rss_bytes'] / 2**20:>7.0f} {n['steps']:>7} "
             f"{step_ms:>8}  {note}".rstrip()
         )
+    auto = doc.get("autoscale") or {}
+    if auto.get("enabled"):
+        lines += ["", "autoscale"]
+        if auto.get("last_decision"):
+            ago = (now or time.time()) - auto.get("last_decision_at", 0.0)
+            lines.append(
+                f"  last decision ({auto['decisions']} in all, {ago:.0f}s ago): "
+                f"{auto['last_decision']}"
+            )
+        lines.append(f"  now: {auto.get('note') or '-'}")
+        table = auto.get("throughput_table") or {}
+        if table:
+            lines.append(
+                "  records/s by workers: "
+                + ", ".join(f"{k}: {_rate(v)}" for k, v in sorted(table.items(), key=_by_count))
+            )
     lines += ["", f"recent events ({doc['event_count']} in all)"]
     started = doc.get("started_at", 0.0)
     for e in doc["events"][-8:]:
@@ -145,6 +168,10 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
         message = e["message"].splitlines()[0] if e["message"] else ""
         lines.append(f"  {marker} [{e['time'] - started:7.1f}s] {e['kind']:<14} {message}")
     return "\n".join(lines) + "\n"
+
+
+def _by_count(item: tuple[str, float]) -> int:
+    return int(item[0]) if item[0].isdigit() else 0
 
 
 def document_from_status_pb(status: Any) -> dict[str, Any]:

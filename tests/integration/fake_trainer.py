@@ -7,12 +7,15 @@ at start without a traceback, a failure a relaunch may fix), FAKE_RAISE (an exce
 start-up: a deterministic user-code error), FAKE_HANG_AT_STEP (the first incarnation to reach
 that step stops stepping but keeps its heartbeat, like a deadlocked training loop),
 FAKE_SLOW_RANK=R:SECONDS[:once] (worker R sleeps that long per step: a straggler; with
-`once`, only its first incarnation). Run as a PS
+`once`, only its first incarnation), FAKE_PS_SECONDS (after its own FAKE_STEP_SECONDS, each
+step holds a lock shared by all trainers this long, like a PS serving one update at a time:
+throughput grows with trainers up to (step + ps) / ps of them, then stays flat). Run as a PS
 (`ps: {command: [python, fake_trainer.py]}`) it serves nothing and waits to be stopped;
 FAKE_PS_OOM_ONCE makes the first PS incarnation die of a MemoryError (workers wait for a PS
 that serves).
 """
 
+import fcntl
 import os
 import signal
 import sys
@@ -74,11 +77,19 @@ def main() -> int:
     ):
         step_seconds = float(slow_seconds)
     hang_at = int(os.environ.get("FAKE_HANG_AT_STEP", "0"))
+    ps_seconds = float(os.environ.get("FAKE_PS_SECONDS", "0"))
+    ps_lock = (
+        os.open(os.path.join(ids_dir, "ps.lock"), os.O_CREAT | os.O_RDWR) if ps_seconds else -1
+    )
     node = f"{os.environ['DLROVER_NODE_TYPE']}.{os.environ['DLROVER_NODE_RANK']}.{os.getpid()}"
     steps = 0
     with open(os.path.join(ids_dir, node + ".ids"), "ab", buffering=0) as out:
         for batch in ds.batches():
             time.sleep(step_seconds)
+            if ps_lock >= 0:  # the shared "PS": one trainer's update at a time
+                fcntl.flock(ps_lock, fcntl.LOCK_EX)
+                time.sleep(ps_seconds)
+                fcntl.flock(ps_lock, fcntl.LOCK_UN)
             out.write(np.asarray(batch, dtype=np.int64).tobytes())
             steps += 1
             ds.step_done(steps, loss=0.2 + 2.0 / (1.0 + steps / 50.0))  # a falling "loss"
