@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -316,3 +316,59 @@ class RoundStateMachine:
     @property
     def joining_count(self) -> int:
         return len(self._joining)
+
+    # -- durability -----------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """Everything a restarted master needs to go on with this run, as plain JSON data.
+
+        Leases are not times but the set of live nodes: a restored run gives each a fresh lease."""
+        return {
+            "round": self.number,
+            "closed": self.closed,
+            "config": asdict(self.config),
+            "members": None if self.current is None else [asdict(m) for m in self.current.members],
+            "joining": [
+                {"node": asdict(e.participant), "seq": e.seq, "first_round": e.first_round}
+                for e in sorted(self._joining.values(), key=lambda e: e.seq)
+            ],
+            "ids": sorted([t, r, i] for (t, r), i in self._ids.items()),
+            "live": sorted([t, r] for t, r in self._seen),
+            "lost": sorted([t, r] for t, r in self._lost),
+            "departed": sorted([t, r] for t, r in self._departed),
+            "seq": self._seq,
+        }
+
+    @classmethod
+    def restore(cls, saved: dict, now: float) -> RoundStateMachine:
+        """The run a snapshot() describes; every live node's lease and the last call start now.
+
+        A record from before membership was saved (only round, closed, config) restores the
+        round number alone, as then: its members must re-rendezvous."""
+        run = cls(RoundConfig(**saved["config"]), number=int(saved["round"]))
+        run.closed = bool(saved["closed"])
+        members = saved.get("members")
+        if members is not None:
+            run.current = Round(run.number, tuple(Participant(**m) for m in members))
+        for entry in saved.get("joining", ()):
+            p = Participant(**entry["node"])
+            run._joining[p.key] = _Joined(p, int(entry["seq"]), int(entry["first_round"]))
+        run._ids = {(t, int(r)): int(i) for t, r, i in saved.get("ids", ())}
+        run._seen = {(t, int(r)): now for t, r in saved.get("live", ())}
+        run._lost = {(t, int(r)) for t, r in saved.get("lost", ())}
+        run._departed = {(t, int(r)) for t, r in saved.get("departed", ())}
+        run._seq = int(saved.get("seq", 0))
+        run._last_join = now
+        return run
+
+    def renew_leases(self, now: float, grace: float = 0.0) -> None:
+        """Give every live node a full lease from now plus `grace` (and restart a pending last
+        call): a restarted master allows for the clients' reconnect backoff this way."""
+        for key in self._seen:
+            self._seen[key] = now + grace
+        self._last_join = now
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether nodes are in a round or waiting for one (what a restarted master must keep)."""
+        return not self.closed and (self.current is not None or bool(self._joining))

@@ -1,8 +1,17 @@
-"""Thread-safe rendezvous rounds for every run of a job, with blocking waits and durable numbers.
+"""Thread-safe rendezvous rounds for every run of a job, with blocking waits and durable state.
 
 Blocking calls wait on one condition variable and wake when a round closes, a node joins or
 leaves, or the state machine's next deadline (end of a last call, a lease) passes: no polling.
-Round numbers and closed flags go to the state store, so a restarted master keeps fencing.
+
+Each run's state (round number, closed flag, the current round's members and ranks, the nodes
+waiting for the next round, the incarnation ids that fence stale calls, lost and departed
+members) is one record in the state store, replaced in a transaction whenever it changes and
+before the call that changed it answers. A restarted master loads it and, once `resume()` is
+called (after the job has re-adopted its nodes), serves the same rounds: members keep their
+ranks and their workers, and each live node gets a fresh lease (plus RESUME_GRACE_SECONDS to
+reconnect), so a node that died while the master was away is lost when that lease runs out and
+the others re-rendezvous as usual. Until then, calls from nodes the job has not re-adopted yet
+are answered UNAVAILABLE (retry), not as stale.
 """
 
 from __future__ import annotations
@@ -12,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 
 from master.rendezvous.rounds import (
     NodeKey,
@@ -28,6 +36,9 @@ from master.state.api import StateStore
 log = logging.getLogger(__name__)
 
 TABLE = "rendezvous"
+# After a restart, a live node's first lease is this much longer than lease_seconds: its client
+# retries an unreachable master with a backoff of up to about 3 s, then has to reconnect.
+RESUME_GRACE_SECONDS = 5.0
 MAX_RUN_ID_CHARS = 256
 
 
@@ -49,15 +60,47 @@ class RendezvousService:
         self._on_round = on_round  # told of every round that closes (job events)
         self._cond = threading.Condition()
         self._runs: dict[str, RoundStateMachine] = {}
+        self._saved: dict[str, bytes] = {}  # the last record written per run
+        # Until resume(): the nodes of the loaded rounds are not known to the job yet.
+        self._resuming = False
         if store is not None:
+            now = clock()
             for run_id, raw in store.scan(TABLE).items():
-                saved = json.loads(raw)
-                self._runs[run_id] = RoundStateMachine(
-                    RoundConfig(**saved["config"]),
-                    number=int(saved["round"]),
-                    closed=bool(saved["closed"]),
+                run = RoundStateMachine.restore(json.loads(raw), now)
+                self._runs[run_id] = run
+                self._saved[run_id] = raw
+                self._resuming = self._resuming or run.in_progress
+                log.info(
+                    "rendezvous %r loaded at round %d: %d member(s), %d waiting%s",
+                    run_id,
+                    run.number,
+                    len(run.current.members) if run.current else 0,
+                    run.joining_count,
+                    " (closed)" if run.closed else "",
                 )
-                log.info("rendezvous %r resumes after round %d", run_id, saved["round"])
+
+    @property
+    def resuming(self) -> bool:
+        """True from loading a previous master's rounds until resume(): calls should retry."""
+        return self._resuming
+
+    def resume(self) -> None:
+        """The job has re-adopted its nodes: serve the loaded rounds, every live node's lease
+        starting now plus RESUME_GRACE_SECONDS (its agent's client may be backing off)."""
+        with self._cond:
+            now = self._clock()
+            for run in self._runs.values():
+                run.renew_leases(now, RESUME_GRACE_SECONDS)
+            self._resuming = False
+            self._cond.notify_all()
+        for run_id, run in self._runs.items():
+            if run.in_progress:
+                log.info(
+                    "rendezvous %r resumed in round %d (%s)",
+                    run_id,
+                    run.number,
+                    ", ".join(m.name for m in run.current.members) if run.current else "forming",
+                )
 
     def join(self, run_id: str, config: RoundConfig, participant: Participant) -> int:
         """Join the round being formed; returns its number. RendezvousClosedError when closed."""
@@ -66,7 +109,6 @@ class RendezvousService:
             run = self._runs.get(run_id)
             if run is None:
                 run = self._runs[run_id] = RoundStateMachine(config)
-                self._save(run_id, run)
             elif run.config != config:
                 raise ValueError(
                     f"rendezvous {run_id!r} was started with {run.config}, this node asks for "
@@ -74,6 +116,7 @@ class RendezvousService:
                 )
             number = run.join(participant, self._clock())
             self._advance(run_id, run)
+            self._save(run_id, run)
             self._cond.notify_all()
             return number
 
@@ -128,6 +171,7 @@ class RendezvousService:
         with self._cond:
             run.leave(key, node_id)
             self._advance(run_id, run)
+            self._save(run_id, run)
             self._cond.notify_all()
 
     def set_closed(self, run_id: str) -> None:
@@ -155,6 +199,7 @@ class RendezvousService:
             for run_id, run in self._runs.items():
                 run.lose(key, node_id)
                 self._advance(run_id, run)
+                self._save(run_id, run)
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -172,11 +217,13 @@ class RendezvousService:
         return run
 
     def _advance(self, run_id: str, run: RoundStateMachine) -> None:
-        """Apply time to a run (leases, last call); persist and wake waiters on a new round."""
+        """Apply time to a run (leases, last call); persist and wake waiters on a change."""
         before = (run.number, run.joining_count)
         closed_round = run.advance(self._clock())
+        # A lease that ran out or a round that closed changes the record: saved before any
+        # caller learns of the change.
+        self._save(run_id, run)
         if closed_round is not None:
-            self._save(run_id, run)
             if self._on_round is not None:
                 self._on_round(run_id, closed_round)
         if closed_round is not None or (run.number, run.joining_count) != before:
@@ -196,10 +243,15 @@ class RendezvousService:
         return True
 
     def _save(self, run_id: str, run: RoundStateMachine) -> None:
+        """Write the run's record if it changed since the last write (called under the lock)."""
         if self._store is None:
             return
-        data = {"round": run.number, "closed": run.closed, "config": asdict(run.config)}
-        self._store.put(TABLE, run_id, json.dumps(data).encode())
+        raw = json.dumps(run.snapshot(), sort_keys=True).encode()
+        if self._saved.get(run_id) == raw:
+            return
+        with self._store.transaction():
+            self._store.put(TABLE, run_id, raw)
+        self._saved[run_id] = raw
 
 
 def _check_run_id(run_id: str) -> None:

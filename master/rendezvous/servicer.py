@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from master.nodes.manager import StaleNodeError
 from master.pb import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
 from master.rendezvous.rounds import (
     NodeKey,
@@ -42,16 +43,27 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self.rendezvous = rendezvous
         self._node_check = node_check
 
-    def _key(self, ref: common_pb2.NodeRef) -> NodeKey:
+    def _key(self, ref: common_pb2.NodeRef, context: grpc.ServicerContext) -> NodeKey:
         if not ref.type:
             raise ValueError("the request names no node (node.type is empty)")
         if self._node_check is not None:
-            self._node_check(ref)
+            try:
+                self._node_check(ref)
+            except StaleNodeError:
+                if self.rendezvous.resuming:
+                    # A restarted master that has not re-adopted its nodes yet cannot tell a
+                    # stale node from a live one: the caller retries (UNAVAILABLE) rather
+                    # than leave a round that is still valid.
+                    context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the master is resuming the job (re-adopting its nodes); retry",
+                    )
+                raise
         return (ref.type, ref.rank)
 
     @guard
     def Join(self, request, context):  # noqa: N802 (gRPC method names)
-        self._key(request.node)
+        self._key(request.node, context)
         if request.local_world_size < 1:
             raise ValueError(f"local_world_size must be >= 1, got {request.local_world_size}")
         participant = Participant(
@@ -72,7 +84,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def WaitRound(self, request, context):  # noqa: N802
-        key = self._key(request.node)
+        key = self._key(request.node, context)
         wait = check_wait_ms(request.wait_ms)
         with CallWatch(context, self.rendezvous.wake) as call:
             result = self.rendezvous.wait_round(
@@ -91,7 +103,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def Watch(self, request, context):  # noqa: N802
-        key = self._key(request.node)
+        key = self._key(request.node, context)
         wait = check_wait_ms(request.wait_ms)
         with CallWatch(context, self.rendezvous.wake) as call:
             waiting, closed = self.rendezvous.watch(
@@ -107,13 +119,13 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def Leave(self, request, context):  # noqa: N802
-        key = self._key(request.node)
+        key = self._key(request.node, context)
         self.rendezvous.leave(request.run_id, key, request.node.id)
         return common_pb2.Empty()
 
     @guard
     def SetClosed(self, request, context):  # noqa: N802
-        self._key(request.node)
+        self._key(request.node, context)
         self.rendezvous.set_closed(request.run_id)
         return common_pb2.Empty()
 

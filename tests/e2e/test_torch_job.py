@@ -69,6 +69,15 @@ def test_torch_job_survives_its_master_being_killed(tmp_path):
     ]
     done = [e for e in evs if e["event"] == "done" and e["step"] == STEPS]
     assert done and {e["world"] for e in done} == {2}
+    # Their round survived too: each rank's training process started once and ran to the end
+    # (the new master served the same rendezvous round, so no agent restarted its workers).
+    starts = sorted((e["rank"], e["pid"]) for e in evs if e["event"] == "start")
+    assert [rank for rank, _ in starts] == [0, 1], starts
+    assert {(e["rank"], e["pid"]) for e in done} == set(starts)
+    logs = os.path.join(result["run_dir"], "logs")
+    for name in sorted(f for f in os.listdir(logs) if f.endswith(".log")):
+        with open(os.path.join(logs, name)) as f:
+            assert "re-rendezvous" not in f.read(), name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
