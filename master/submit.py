@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from master.autoscaler import brain_hint
 from master.brain.client import consult as consult_brain
 from master.brain.client import report as report_to_brain
 from master.client import ENV_JOB_TOKEN_FILE, read_token
@@ -255,6 +256,8 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         faults=opts.faults,
         on_event=printer.event if printer else None,
     )
+    if brain is not None and job.autoscaler is not None and not opts.resume:
+        job.autoscaler.seed(*brain_hint(brain, spec))  # the best worker count of past runs
     observability = Observability(job, cfg.host, spec.metrics_port)
     server, port = start_server(
         job,

@@ -363,3 +363,36 @@ def test_yaml_errors_name_the_field_and_the_fix(auto, field, fix):
         _spec(**auto)
     assert str(info.value).startswith(f"job.yaml: {field}: "), info.value
     assert fix in str(info.value)
+
+
+def test_brain_history_gives_the_starting_count(tmp_path):
+    from master.autoscaler import brain_hint
+    from master.brain.client import Brain
+    from master.brain.history import JobRecord
+
+    spec = parse_job_spec(
+        {"name": "wd", "command": "x", "worker": {"replicas": 1, "max_replicas": 4}},
+        "job.yaml",
+        str(tmp_path),
+    )
+    brain = Brain(str(tmp_path / "brain.sqlite"))
+    try:
+        assert brain_hint(brain, spec) == (0, "")  # no history: no hint
+        for t, (workers, rps) in enumerate([(1, 100.0), (3, 290.0), (3, 300.0)]):
+            brain.record(
+                JobRecord(
+                    "wd",
+                    f"r{t}",
+                    float(t),
+                    "succeeded",
+                    10.0,
+                    replicas={"worker": workers},
+                    records_per_second=rps,
+                )
+            )
+        hint, reason = brain_hint(brain, spec)
+    finally:
+        brain.close()
+    assert hint == 3 and reason.startswith("the brain's history: 3 workers trained fastest")
+    # A Brain that cannot be reached gives no hint (and no error).
+    assert brain_hint(Brain("http://127.0.0.1:9"), spec) == (0, "")
