@@ -2,15 +2,18 @@
 
 Creates the master's ServiceAccount, Role and RoleBinding (what the platform needs: pods,
 services, secrets, events), a ConfigMap holding the job YAML verbatim, the master's headless
-Service and the master Pod, then makes the master pod the owner of the others so that
-`kubectl delete pod <job>-master` removes the whole job. With `--dry-run` it prints the same
-objects as YAML (for `kubectl apply -f -`) and touches no cluster.
+Service and the master's Job, then makes the Job the owner of the others so that
+`kubectl delete job <job>-master` removes the whole job. The Job restarts a master that dies
+(a new pod, which resumes the job from the state store and adopts the node pods). With
+`--dry-run` it prints the same objects as YAML (for `kubectl apply -f -`) and touches no
+cluster.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -29,11 +32,25 @@ log = logging.getLogger(__name__)
 
 
 def build_objects(
-    spec: JobSpec, job_yaml: str, namespace: str = "default", image: str = DEFAULT_IMAGE
+    spec: JobSpec,
+    job_yaml: str,
+    namespace: str = "default",
+    image: str = DEFAULT_IMAGE,
+    state: str = "",
+    data_claim: str = "",
+    run_id: str = "",
 ) -> list[dict[str, Any]]:
-    """Every object of a submitted job, as API dicts in creation order (the pod last)."""
+    """Every object of a submitted job, as API dicts in creation order (the Job last)."""
     return master_objects(
-        SubmitSettings(job_name=spec.name, job_yaml=job_yaml, namespace=namespace, image=image)
+        SubmitSettings(
+            job_name=spec.name,
+            job_yaml=job_yaml,
+            namespace=namespace,
+            image=image,
+            state=state,
+            data_claim=data_claim,
+            run_id=run_id or time.strftime("%Y%m%d-%H%M%S"),
+        )
     )
 
 
@@ -55,8 +72,10 @@ def render_yaml(objects: list[dict[str, Any]]) -> str:
     header = (
         "# Objects of `dlrover submit --platform k8s` (dry run). Apply with: kubectl apply -f -\n"
         "# Applied this way, only the node pods, services and token secret are owned by the\n"
-        "# master pod; remove the rest with: kubectl delete pod,service,configmap,"
+        "# master's Job; remove the rest with: kubectl delete job,service,configmap,"
         f"serviceaccount,role,rolebinding -l dlrover.io/job={job}\n"
+        "# The Job restarts a master that dies; the new one resumes from the state, which lives\n"
+        "# in etcd (--state etcd://) or on the claim mounted at /var/dlrover (--data-claim).\n"
     )
     body = yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False, explicit_start=True)
     return header + body
@@ -74,6 +93,8 @@ def submit_k8s(
     dry_run: bool = False,
     out: TextIO | None = None,
     api_client: Any = None,
+    state: str = "",
+    data_claim: str = "",
 ) -> int:
     """Create (or with dry_run print) the job's master objects; the process exit code."""
     out = out or sys.stdout
@@ -84,7 +105,13 @@ def submit_k8s(
         print(f"dlrover: error: {job_yaml_path}: cannot read: {e}", file=sys.stderr)
         return 2
     namespace = namespace or "default"
-    objects = build_objects(spec, job_yaml, namespace, image or DEFAULT_IMAGE)
+    try:
+        objects = build_objects(
+            spec, job_yaml, namespace, image or DEFAULT_IMAGE, state=state, data_claim=data_claim
+        )
+    except K8sConfigError as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
     if dry_run:
         out.write(render_yaml(objects))
         out.flush()
@@ -94,7 +121,7 @@ def submit_k8s(
             from master.platform.kubernetes import default_api_client
 
             api_client = default_api_client()
-        pod = create_objects(objects, api_client)
+        job = create_objects(objects, api_client)
     except (K8sConfigError, SubmitError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
@@ -110,11 +137,11 @@ def submit_k8s(
             file=sys.stderr,
         )
         return 2
-    name = pod["metadata"]["name"]
+    name = job["metadata"]["name"]
     out.write(
-        f"job {spec.name} submitted to namespace {namespace}: master pod {name}\n"
-        f"  follow: kubectl logs -f -n {namespace} {name}\n"
-        f"  delete: kubectl delete pod -n {namespace} {name}   (removes every object of the job)\n"
+        f"job {spec.name} submitted to namespace {namespace}: master Job {name}\n"
+        f"  follow: kubectl logs -f -n {namespace} job/{name}\n"
+        f"  delete: kubectl delete job -n {namespace} {name}   (removes every object of the job)\n"
     )
     out.flush()
     return 0
@@ -126,6 +153,7 @@ def _api_calls(api_client: Any) -> dict[str, tuple[Callable, Callable, Callable]
 
     core = client.CoreV1Api(api_client)
     rbac = client.RbacAuthorizationV1Api(api_client)
+    batch = client.BatchV1Api(api_client)
     return {
         "ServiceAccount": (
             core.create_namespaced_service_account,
@@ -152,12 +180,16 @@ def _api_calls(api_client: Any) -> dict[str, tuple[Callable, Callable, Callable]
             core.delete_namespaced_service,
             core.patch_namespaced_service,
         ),
-        "Pod": (core.create_namespaced_pod, core.delete_namespaced_pod, core.patch_namespaced_pod),
+        "Job": (
+            batch.create_namespaced_job,
+            batch.delete_namespaced_job,
+            batch.patch_namespaced_job,
+        ),
     }
 
 
 def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, Any]:
-    """Create the objects (the master pod last), then let the master pod own the others.
+    """Create the objects (the master's Job last), then let the Job own the others.
 
     A running job of the same name is an error; objects left over from an earlier job of the
     same name (e.g. applied from --dry-run output) are replaced.
@@ -168,20 +200,20 @@ def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, 
     from master.platform.kubernetes import api_error_message
 
     calls = _api_calls(api_client)
-    pod_body = objects[-1]
-    namespace = pod_body["metadata"]["namespace"]
-    pod_name = pod_body["metadata"]["name"]
-    core = client.CoreV1Api(api_client)
+    job_body = objects[-1]
+    namespace = job_body["metadata"]["namespace"]
+    job_name = job_body["metadata"]["name"]
+    batch = client.BatchV1Api(api_client)
     try:
-        core.read_namespaced_pod(pod_name, namespace)
+        batch.read_namespaced_job(job_name, namespace)
         raise SubmitError(
-            f"a master pod {pod_name!r} already exists in namespace {namespace!r}: the job is "
-            f"running or its pod was kept. Delete it first (kubectl delete pod -n {namespace} "
-            f"{pod_name}) or rename the job"
+            f"a master Job {job_name!r} already exists in namespace {namespace!r}: the job is "
+            f"running or was kept. Delete it first (kubectl delete job -n {namespace} "
+            f"{job_name}) or rename the job"
         )
     except ApiException as e:
         if e.status != 404:
-            raise SubmitError(api_error_message(f"read pod {pod_name}", e, namespace)) from None
+            raise SubmitError(api_error_message(f"read job {job_name}", e, namespace)) from None
     created: dict[str, Any] = {}
     for body in objects:
         kind, name = body["kind"], body["metadata"]["name"]
@@ -190,7 +222,7 @@ def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, 
             try:
                 obj = create(namespace, body)
             except ApiException as e:
-                if e.status != 409 or kind == "Pod":
+                if e.status != 409 or kind == "Job":
                     raise
                 log.info("replacing %s %s left over from an earlier job", kind, name)
                 delete(name, namespace)
@@ -200,8 +232,8 @@ def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, 
                 api_error_message(f"create {kind} {name} in {namespace}", e, namespace)
             ) from None
         created[kind] = api_client.sanitize_for_serialization(obj)
-    pod = created["Pod"]
-    owner = owner_reference("Pod", pod_name, pod["metadata"]["uid"])
+    job = created["Job"]
+    owner = owner_reference("Job", job_name, job["metadata"]["uid"], "batch/v1")
     for body in objects[:-1]:
         kind, name = body["kind"], body["metadata"]["name"]
         _, _, patch = calls[kind]
@@ -210,4 +242,4 @@ def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, 
         except ApiException as e:
             # The job runs anyway; only the cleanup on deletion is incomplete.
             log.warning("%s", api_error_message(f"set owner of {kind} {name}", e, namespace))
-    return pod
+    return job

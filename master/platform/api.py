@@ -7,6 +7,7 @@ import queue
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class PlatformError(RuntimeError):
@@ -74,15 +75,16 @@ class Platform(abc.ABC):
 
     # -- resuming a job under a restarted master --------------------------------
 
-    def handle(self, node_id: int) -> dict[str, int]:
-        """What a later master instance needs to adopt this running node (kept in the state)."""
+    def handle(self, node_id: int) -> dict[str, Any]:
+        """What a later master instance needs to adopt this running node (kept in the state,
+        as JSON: plain strings and numbers)."""
         return {}
 
-    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, int]) -> None:
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, Any]) -> None:
         """Watch a node a previous master instance started; its end arrives as a NodeEvent."""
         raise PlatformError(
             f"{type(self).__name__} cannot adopt the nodes of a previous master yet; "
-            "a restarted master can resume jobs on the local platform only"
+            "a restarted master can resume jobs on the local, Ray and Kubernetes platforms"
         )
 
     def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:

@@ -1,4 +1,4 @@
-"""Kubernetes objects of a job as plain dicts: node pods and services, the master pod and RBAC.
+"""Kubernetes objects of a job as plain dicts: node pods and services, the master's Job and RBAC.
 
 Pure functions, no `kubernetes` import: `dlrover submit --platform k8s --dry-run` works without
 the client installed, and tests check every object against the client's models. The settings
@@ -53,6 +53,16 @@ ENV_IMAGE_PULL_POLICY = "DLROVER_K8S_IMAGE_PULL_POLICY"
 ENV_MASTER_POD_NAME = "DLROVER_K8S_MASTER_POD_NAME"
 ENV_MASTER_POD_UID = "DLROVER_K8S_MASTER_POD_UID"
 ENV_MASTER_SERVICE = "DLROVER_K8S_MASTER_SERVICE"
+# The object that owns every node pod, service and secret: the master's Job, which outlives
+# each master pod (a restarted master is a new pod of the same Job).
+ENV_OWNER_KIND = "DLROVER_K8S_OWNER_KIND"
+ENV_OWNER_API_VERSION = "DLROVER_K8S_OWNER_API_VERSION"
+ENV_OWNER_NAME = "DLROVER_K8S_OWNER_NAME"
+ENV_OWNER_UID = "DLROVER_K8S_OWNER_UID"
+# The label the Job controller puts on the Job's pods: the Job's uid (read by the downward API).
+JOB_UID_LABEL = "controller-uid"
+MASTER_TOKEN_DIR = "/var/run/dlrover/master-token"  # the node token secret, in the master pod
+MASTER_BACKOFF_LIMIT = 5  # master pod restarts before the Job fails (as the local supervisor)
 ENV_SHM_SIZE = "DLROVER_K8S_SHM_SIZE"
 ENV_DATA_DIR = "DLROVER_K8S_DATA_DIR"
 ENV_DATA_CLAIM = "DLROVER_K8S_DATA_CLAIM"
@@ -122,7 +132,11 @@ class K8sSettings:
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = ""  # "" = the cluster's default
     master_pod_name: str = ""
-    master_pod_uid: str = ""  # "" = no owner references (a master outside the cluster)
+    master_pod_uid: str = ""  # a bare master pod (no owner_*): it owns the nodes
+    owner_kind: str = ""  # the stable owner of the job's objects, e.g. the master's Job
+    owner_api_version: str = ""
+    owner_name: str = ""
+    owner_uid: str = ""  # "" and no master pod uid: no owner references (master outside)
     master_service: str = ""  # the master's service; nodes dial <service>.<namespace>.svc
     shm_size: str = ""  # sizeLimit of /dev/shm (memory-backed emptyDir), e.g. "2Gi"
     data_dir: str = DEFAULT_DATA_DIR  # run dirs (logs, model, state) live under this path
@@ -151,6 +165,10 @@ class K8sSettings:
             "image_pull_policy": env.get(ENV_IMAGE_PULL_POLICY, ""),
             "master_pod_name": env.get(ENV_MASTER_POD_NAME, ""),
             "master_pod_uid": env.get(ENV_MASTER_POD_UID, ""),
+            "owner_kind": env.get(ENV_OWNER_KIND, ""),
+            "owner_api_version": env.get(ENV_OWNER_API_VERSION, ""),
+            "owner_name": env.get(ENV_OWNER_NAME, ""),
+            "owner_uid": env.get(ENV_OWNER_UID, ""),
             "master_service": env.get(ENV_MASTER_SERVICE, ""),
             "shm_size": env.get(ENV_SHM_SIZE, ""),
             "data_dir": env.get(ENV_DATA_DIR, "") or DEFAULT_DATA_DIR,
@@ -185,13 +203,34 @@ class K8sSettings:
             ENV_DATA_DIR: self.data_dir,
             ENV_DATA_CLAIM: self.data_claim,
             ENV_GRACE_SECONDS: str(self.grace_seconds),
+            ENV_OWNER_KIND: self.owner_kind,
+            ENV_OWNER_API_VERSION: self.owner_api_version,
+            ENV_OWNER_NAME: self.owner_name,
         }
         return [{"name": k, "value": v} for k, v in pairs.items() if v]
 
     def owner(self) -> dict[str, Any] | None:
+        """The owner reference of every object the platform creates: the stable owner (the
+        master's Job) if set, else the master pod itself (a master that is never restarted)."""
+        if self.owner_kind or self.owner_name:
+            if not (self.owner_kind and self.owner_name and self.owner_uid):
+                raise K8sConfigError(
+                    f"{ENV_OWNER_KIND}, {ENV_OWNER_NAME} and {ENV_OWNER_UID} go together "
+                    f"(got kind={self.owner_kind!r} name={self.owner_name!r} "
+                    f"uid={self.owner_uid!r}); in a Job's pod the uid comes from the label "
+                    f"{JOB_UID_LABEL!r} (`dlrover submit --platform k8s` sets all three)"
+                )
+            return owner_reference(
+                self.owner_kind, self.owner_name, self.owner_uid, self.owner_api_version or "v1"
+            )
         if not (self.master_pod_uid and self.master_pod_name):
             return None
         return owner_reference("Pod", self.master_pod_name, self.master_pod_uid)
+
+    @property
+    def owner_uid_in_use(self) -> str:
+        owner = self.owner()
+        return owner["uid"] if owner else ""
 
     def master_host(self) -> str:
         return f"{self.master_service}.{self.namespace}.svc" if self.master_service else ""
@@ -325,7 +364,13 @@ def token_secret(s: K8sSettings, token: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SubmitSettings:
-    """A job submitted to a cluster: the job YAML and where its master runs."""
+    """A job submitted to a cluster: the job YAML and where its master runs.
+
+    The master runs as a Job that Kubernetes restarts (a new pod) when the master dies, up to
+    MASTER_BACKOFF_LIMIT times; the new master resumes the job from the state store. So the
+    state must outlive the master pod: `state` is an etcd:// URL, or the run dir (with the
+    SQLite state in it) is on the claim `data_claim`.
+    """
 
     job_name: str
     job_yaml: str  # the user's file, verbatim; the master reads it from a ConfigMap
@@ -334,8 +379,27 @@ class SubmitSettings:
     image_pull_policy: str = ""
     shm_size: str = ""
     data_claim: str = ""
+    state: str = ""  # etcd://...; "" = SQLite in the run dir (needs data_claim)
+    run_id: str = ""  # names the run dir: every master pod of this submission shares it
     master_cpu: float = 1.0
     master_memory_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.state and not self.state.startswith("etcd://"):
+            if not self.data_claim or not self.state.startswith(DEFAULT_DATA_DIR + "/"):
+                raise K8sConfigError(
+                    f"--state {self.state!r}: in a cluster the state must outlive the master "
+                    "pod; use --state etcd://HOST:PORT, or --data-claim PVC with the SQLite "
+                    f"state under {DEFAULT_DATA_DIR}/ (the default when --state is left out)"
+                )
+        if not self.state and not self.data_claim:
+            raise K8sConfigError(
+                "the master's state must outlive the master pod, so that Kubernetes can "
+                "restart the master and it resumes the job: pass --state etcd://HOST:PORT "
+                "(an etcd the master can reach) or --data-claim PVC (a PersistentVolumeClaim "
+                f"mounted at {DEFAULT_DATA_DIR} in the master and every node; the state is "
+                "then a SQLite file in the run dir there)"
+            )
 
     def platform(self) -> K8sSettings:
         """The platform settings the master pod passes to its KubernetesPlatform."""
@@ -347,15 +411,51 @@ class SubmitSettings:
             master_service=master_name(self.job_name),
             shm_size=self.shm_size,
             data_claim=self.data_claim,
+            owner_kind="Job",
+            owner_api_version="batch/v1",
+            owner_name=master_name(self.job_name),  # its uid: the pod's JOB_UID_LABEL
         )
+
+    def run_dir(self) -> str:
+        return f"{DEFAULT_DATA_DIR}/runs/{dns_label(self.job_name, self.run_id)}"
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def master_command(sub: SubmitSettings) -> list[str]:
+    """`dlrover master` as the master's Job runs it: fresh the first time, resumed after."""
+    command = [
+        "dlrover",
+        "master",
+        f"{JOB_SPEC_DIR}/{JOB_SPEC_KEY}",
+        "--platform",
+        "k8s",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(MASTER_PORT),
+        "--run-dir",
+        sub.run_dir(),
+        # A master pod that finds the job running in the state resumes it (adopting its
+        # pods); one that finds it ended exits with its result; else it starts the job.
+        "--resume-if-started",
+        # A restarted master pod keeps the job token its nodes hold (the node token secret).
+        "--job-token-file",
+        f"{MASTER_TOKEN_DIR}/{TOKEN_KEY}",
+    ]
+    if sub.state:
+        command += ["--state", sub.state]
+    return command
+
+
 def master_objects(sub: SubmitSettings) -> list[dict[str, Any]]:
-    """ServiceAccount, Role, RoleBinding, ConfigMap (job YAML), Service and the master Pod."""
+    """ServiceAccount, Role, RoleBinding, ConfigMap (job YAML), Service and the master's Job.
+
+    The Job (not its pod) owns the node pods, services and token secret: a master pod that
+    dies is replaced by the Job controller and the job's objects stay.
+    """
     s = sub.platform()
     name = master_name(sub.job_name)
     ns = sub.namespace
@@ -402,53 +502,75 @@ def master_objects(sub: SubmitSettings) -> list[dict[str, Any]]:
         _field_env(ENV_NAMESPACE, "metadata.namespace"),
         _field_env(ENV_MASTER_POD_NAME, "metadata.name"),
         _field_env(ENV_MASTER_POD_UID, "metadata.uid"),
+        _field_env(ENV_OWNER_UID, f"metadata.labels['{JOB_UID_LABEL}']"),
         *s.static_env(),
-    ]
-    command = [
-        "dlrover",
-        "master",
-        f"{JOB_SPEC_DIR}/{JOB_SPEC_KEY}",
-        "--platform",
-        "k8s",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(MASTER_PORT),
-        "--run-dir",
-        # $(VAR) is expanded by Kubernetes from the container's env: one run dir per master pod.
-        f"{s.data_dir}/runs/{sub.job_name}-$({ENV_MASTER_POD_UID})",
     ]
     container: dict[str, Any] = {
         "name": "master",
         "image": sub.image,
-        "command": command,
+        "command": master_command(sub),
         "env": env,
         "ports": [{"name": "grpc", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "resources": resources(sub.master_cpu, sub.master_memory_mb),
         "volumeMounts": [
             {"name": "job-spec", "mountPath": JOB_SPEC_DIR, "readOnly": True},
             {"name": "data", "mountPath": s.data_dir},
+            {"name": "job-token", "mountPath": MASTER_TOKEN_DIR, "readOnly": True},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if sub.image_pull_policy:
         container["imagePullPolicy"] = sub.image_pull_policy
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": _meta(name, ns, labels, None),
         "spec": {
-            "serviceAccountName": name,
-            "restartPolicy": "Never",
-            # The hostname equals the service name, so the address the master advertises
-            # (its hostname) resolves from every pod of the namespace.
-            "hostname": name,
-            "containers": [container],
-            "volumes": [
-                {"name": "job-spec", "configMap": {"name": config_map}},
-                _data_volume("data", sub.data_claim),
-            ],
-            "securityContext": {"fsGroup": FS_GROUP},
+            "backoffLimit": MASTER_BACKOFF_LIMIT,
+            "podFailurePolicy": {
+                "rules": [
+                    # 1: the job failed (or the master hit an error, which fails the job);
+                    # 2: bad configuration. A new master pod would change neither.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "master",
+                            "operator": "In",
+                            "values": [1, 2],
+                        },
+                    },
+                    # Evicted or preempted: restart the master without counting it.
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": name,
+                    "restartPolicy": "Never",  # a dead master is a new pod (podFailurePolicy)
+                    # The hostname equals the service name, so the address the master
+                    # advertises (its hostname) resolves from every pod of the namespace.
+                    "hostname": name,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "job-spec", "configMap": {"name": config_map}},
+                        _data_volume("data", sub.data_claim),
+                        {
+                            # Made by the first master for its nodes; there for later ones.
+                            "name": "job-token",
+                            "secret": {
+                                "secretName": dns_label(sub.job_name, "token"),
+                                "defaultMode": 0o440,
+                                "optional": True,
+                            },
+                        },
+                    ],
+                    "securityContext": {"fsGroup": FS_GROUP},
+                },
+            },
         },
     }
-    return [account, role, binding, config, service, pod]
+    return [account, role, binding, config, service, job]

@@ -1,10 +1,17 @@
 """Kubernetes platform: one pod per node incarnation, one headless service per rank.
 
-Pods and services are owned by the master pod (deleting it deletes the job), never restarted
-by Kubernetes (`restartPolicy: Never`: the master relaunches with a new id), and watched
+Pods and services are owned by the master's Job (deleting it deletes the job; a master pod
+that dies is replaced by the Job and the nodes stay), or by a bare master pod started without
+a Job. They are never restarted by Kubernetes (`restartPolicy: Never`: the master relaunches
+with a new id), and watched
 through one label-selected pod watch that resumes from its last resourceVersion after a
 dropped stream and relists when that resourceVersion has expired (410 Gone). Each incarnation
 produces exactly one NodeEvent, with the exit reason read from the pod's status.
+
+A restarted master adopts the pods of the previous one: `handle` (kept in the state store) is
+the pod's name and uid, `adopt` registers the pod under its node id and reads it once, so a
+pod that ended, was deleted or was replaced by another of the same name while no master
+watched ends its incarnation like any exit (and the job relaunches it).
 
 The `kubernetes` client is imported only here, lazily (the master runs without it elsewhere).
 """
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.client import ENV_JOB_TOKEN_FILE, ENV_MASTER_ADDR
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
 from master.platform.k8s_resources import (
     LABEL_ID,
     LABEL_JOB,
@@ -34,6 +41,7 @@ from master.platform.k8s_resources import (
     TOKEN_KEY,
     K8sConfigError,
     K8sSettings,
+    dns_label,
     node_pod,
     node_service,
     service_name,
@@ -156,6 +164,7 @@ class _PodRecord:
     spec: NodeLaunchSpec
     pod_name: str
     created_at: float | None = None  # monotonic; None while the create call is in flight
+    uid: str = ""  # the pod's uid once created (adopted pods: from the handle)
     kill_signal: int = 0
     reported: bool = False
     last_pod: dict[str, Any] | None = None
@@ -239,10 +248,12 @@ class KubernetesPlatform(Platform):
         self._watch: Any = None
         self._resource_version: str | None = None
         self.relists = 0  # how often the pod list was read (first sync + after each 410)
-        if not self.settings.master_pod_uid:
+        self._owner_uid = self.settings.owner_uid_in_use
+        self._adopted_secret = ""
+        if not self._owner_uid:
             log.warning(
-                "no master pod uid: pods will not be owned by the master and outlive it "
-                "(run the master in its pod through `dlrover submit --platform k8s`)"
+                "no owner (master Job or pod): pods will not be owned and outlive the job "
+                "(run the master through `dlrover submit --platform k8s`)"
             )
         self._watcher = threading.Thread(target=self._watch_loop, name="k8s-watch", daemon=True)
         self._watcher.start()
@@ -264,13 +275,14 @@ class KubernetesPlatform(Platform):
         with self._lock:
             self._records[spec.id] = record
         try:
-            self._core.create_namespaced_pod(self.settings.namespace, body)
+            created = self._core.create_namespaced_pod(self.settings.namespace, body)
         except Exception as e:
             with self._lock:
                 self._records.pop(spec.id, None)
             raise RuntimeError(api_error_message(f"create pod {name}", e, self._ns)) from None
         with self._lock:
             record.created_at = time.monotonic()
+            record.uid = getattr(created.metadata, "uid", "") or ""
         log.info("created pod %s (%s-%d id=%d)", name, spec.type, spec.rank, spec.id)
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
@@ -318,11 +330,88 @@ class KubernetesPlatform(Platform):
         self._stop_watch()
         for name in sorted(self._services):
             self._delete_quietly(self._core.delete_namespaced_service, name)
-        if self._secret:
-            self._delete_quietly(self._core.delete_namespaced_secret, self._secret)
+        if self._secret or self._adopted_secret:
+            self._delete_quietly(
+                self._core.delete_namespaced_secret, self._secret or self._adopted_secret
+            )
         close = getattr(self._api, "close", None)
         if callable(close):
             close()
+
+    # -- resuming under a restarted master ----------------------------------------------------
+
+    def handle(self, node_id: int) -> dict[str, Any]:
+        """The pod's name and uid: a later master adopts exactly this pod, not a namesake."""
+        with self._lock:
+            record = self._records.get(node_id)
+            if record is None:
+                return {}
+            return {"pod": record.pod_name, "uid": record.uid}
+
+    def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:
+        """Node addresses are the rank services' DNS names: the same for every master."""
+        for (node_type, rank), addr in addresses.items():
+            if addr != self.address_for(node_type, rank):
+                raise PlatformError(
+                    f"the state store gives {node_type}-{rank} the address {addr!r}, but this "
+                    f"job's service for it is {self.address_for(node_type, rank)!r}: the state "
+                    f"belongs to another job or namespace (job {self.settings.job_name!r}, "
+                    f"namespace {self._ns!r})"
+                )
+
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, Any]) -> None:
+        """Watch a pod a previous master created; an end it missed is reported now."""
+        if self._closed:
+            raise RuntimeError("the Kubernetes platform is shut down")
+        name = str(handle.get("pod") or "")
+        uid = str(handle.get("uid") or "")
+        if not name:
+            name = node_pod(self.settings, spec, {})["metadata"]["name"]
+        # Registered before the read: a change after the read arrives through the watch.
+        record = _PodRecord(spec=spec, pod_name=name, created_at=0.0, uid=uid)
+        with self._lock:
+            self._records[spec.id] = record
+            self._services.add(service_name(self.settings.job_name, spec.type, spec.rank))
+        self._adopted_secret = dns_label(self.settings.job_name, "token")
+        selector = f"{self._selector},{LABEL_ID}={spec.id}"
+        try:
+            pods = self._core.list_namespaced_pod(self._ns, label_selector=selector)
+        except Exception as e:
+            with self._lock:
+                self._records.pop(spec.id, None)
+            raise PlatformError(api_error_message(f"read pod {name}", e, self._ns)) from None
+        data = self._api.sanitize_for_serialization(pods)
+        pod = next(
+            (p for p in data.get("items") or [] if p["metadata"]["name"] == name),
+            None,
+        )
+        if pod is not None and uid and pod["metadata"].get("uid") != uid:
+            log.warning(
+                "pod %s was replaced while no master watched (uid %s, not %s)",
+                name,
+                pod["metadata"].get("uid"),
+                uid,
+            )
+            pod = None
+        if pod is None:
+            self._finish(
+                record,
+                PodEnd(
+                    -signal.SIGKILL,
+                    message=f"pod {name} was deleted while no master watched it",
+                    reason="Deleted",
+                ),
+            )
+            return
+        owners = {o.get("uid") for o in pod["metadata"].get("ownerReferences") or []}
+        if self._owner_uid and self._owner_uid not in owners:
+            log.warning(
+                "adopted pod %s is not owned by %s: deleting that owner will not remove it",
+                name,
+                self._owner_uid,
+            )
+        log.info("adopted pod %s (%s-%d id=%d)", name, spec.type, spec.rank, spec.id)
+        self._observe(pod)
 
     # -- launching helpers ------------------------------------------------------------------
 
@@ -393,7 +482,7 @@ class KubernetesPlatform(Platform):
         try:
             existing = read(name, self._ns)
             owners = {o.uid for o in existing.metadata.owner_references or []}
-            if self.settings.master_pod_uid in owners or not self.settings.master_pod_uid:
+            if self._owner_uid in owners or not self._owner_uid:
                 return
             log.info("replacing %s %s left over from an earlier master", kind, name)
             delete(name, self._ns)
@@ -520,7 +609,9 @@ class KubernetesPlatform(Platform):
         with self._lock:
             record = self._records.get(node_id)
             if record is None or record.reported or record.pod_name != meta.get("name"):
-                return  # not ours (an earlier master's pod), or already reported
+                return  # not ours (an earlier job's pod), or already reported
+            if record.uid and meta.get("uid") and record.uid != meta.get("uid"):
+                return  # another pod of the same name: not this incarnation
             record.last_pod = pod
             kill = record.kill_signal
         end = pod_end(pod, deleted=deleted, kill_signal=kill)

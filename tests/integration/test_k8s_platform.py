@@ -34,7 +34,7 @@ from master.platform.k8s_resources import (
 from master.platform.kubernetes import KubernetesPlatform
 from master.state.sqlite import SQLiteStateStore
 from tests.k8s_fake import FakeKubeApiServer
-from tests.k8s_fake.store import RBAC
+from tests.k8s_fake.store import BATCH, RBAC
 
 JOB = "tfjob"
 SEL = f"dlrover.io/job={JOB},dlrover.io/role=node"
@@ -505,14 +505,9 @@ def write_job(tmp_path) -> str:
 
 def resolved_env(pod) -> dict[str, str]:
     """The master container's env as the kubelet would give it (downward API resolved)."""
-    env = {}
-    for e in pod["spec"]["containers"][0]["env"]:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        else:
-            path = e["valueFrom"]["fieldRef"]["fieldPath"].split(".")
-            env[e["name"]] = pod[path[0]][path[1]]
-    return env
+    from tests.integration.test_k8s_master_restart import pod_env
+
+    return pod_env(pod)
 
 
 def test_submit_creates_the_master_and_deleting_it_removes_the_job(
@@ -523,10 +518,16 @@ def test_submit_creates_the_master_and_deleting_it_removes_the_job(
     monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path, api))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     job_yaml = write_job(tmp_path)
-    assert main(["submit", job_yaml, "--platform", "k8s", "--image", "reg/dl:2"]) == 0
+    argv = ["submit", job_yaml, "--platform", "k8s", "--state", "etcd://etcd.db:2379"]
+    assert main([*argv, "--image", "reg/dl:2"]) == 0
 
-    master = api.pod("tfjob-master")
-    assert master["spec"]["serviceAccountName"] == "tfjob-master"
+    job = api.store.get(BATCH, "jobs", "default", "tfjob-master")
+    template = job["spec"]["template"]["spec"]
+    assert template["serviceAccountName"] == "tfjob-master"
+    assert template["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 5
+    command = template["containers"][0]["command"]
+    assert command[command.index("--state") + 1] == "etcd://etcd.db:2379"
+    assert "--resume-if-started" in command
     config = api.objects("configmaps")[0]
     assert config["data"]["job.yaml"] == open(job_yaml).read()
     role = api.objects("roles", gv=RBAC)[0]
@@ -542,30 +543,36 @@ def test_submit_creates_the_master_and_deleting_it_removes_the_job(
     ]
     assert len(owned) == 5
     for obj in owned:
-        assert obj["metadata"]["ownerReferences"][0]["uid"] == master["metadata"]["uid"]
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
 
-    # A second submit of the same job is refused while its master exists.
-    assert main(["submit", job_yaml, "--platform", "k8s"]) == 2
+    # A second submit of the same job is refused while its master Job exists.
+    assert main(argv) == 2
 
-    # Inside the master pod: the platform reads its settings from the pod's env.
-    api.kubelet.run("tfjob-master")
-    env = resolved_env(api.pod("tfjob-master"))
+    # Inside the master pod (the Job controller's): the platform reads its settings from the
+    # pod's env, the Job's uid among them.
+    master = api.jobs.start_pod("tfjob-master")
+    api.kubelet.run(master["metadata"]["name"])
+    env = resolved_env(api.pod(master["metadata"]["name"]))
     assert env[ENV_JOB_NAME] == JOB and env[ENV_IMAGE] == "reg/dl:2"
     assert env[ENV_MASTER_SERVICE] == "tfjob-master" and env[ENV_NAMESPACE] == "default"
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     platform = KubernetesPlatform(host="tfjob-master", api_client=api.api_client())
     try:
-        assert platform.settings.master_pod_uid == master["metadata"]["uid"]
-        assert platform.settings.master_pod_name == env[ENV_MASTER_POD_NAME]
+        assert platform.settings.owner_uid == job["metadata"]["uid"]
+        assert platform.settings.master_pod_name == master["metadata"]["name"]
         platform.launch(launch_spec("worker", 0, 1, token_file))
         api.kubelet.run("tfjob-worker-0-1")
-        assert env_of(api.pod("tfjob-worker-0-1"))["DLROVER_MASTER_ADDR"] == (
-            "tfjob-master.default.svc:50051"
-        )
-        assert ENV_MASTER_POD_UID not in env_of(api.pod("tfjob-worker-0-1"))
+        worker = api.pod("tfjob-worker-0-1")
+        assert worker["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        assert env_of(worker)["DLROVER_MASTER_ADDR"] == "tfjob-master.default.svc:50051"
+        assert ENV_MASTER_POD_UID not in env_of(worker)
 
-        api.delete("pods", "tfjob-master")
+        # The master pod going does not take the job with it (the Job starts another) ...
+        api.delete("pods", master["metadata"]["name"], grace_seconds=0)
+        assert api.pod("tfjob-worker-0-1")["metadata"]["uid"] == worker["metadata"]["uid"]
+        # ... deleting the Job (kubectl: background cascade) does.
+        api.delete("jobs", "tfjob-master", gv=BATCH, propagation="Background")
         api.wait_for(
             lambda: (
                 not any(api.objects(r) for r in ("pods", "services", "secrets", "configmaps"))
@@ -587,7 +594,8 @@ def test_submit_to_an_unreachable_cluster_is_one_clear_error(tmp_path, monkeypat
         kubeconfig = write_kubeconfig(tmp_path, gone)
     monkeypatch.setenv("KUBECONFIG", kubeconfig)  # points at a closed port now
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert main(["submit", write_job(tmp_path), "--platform", "k8s"]) == 2
+    argv = ["submit", write_job(tmp_path), "--platform", "k8s", "--data-claim", "shared"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "cannot reach the Kubernetes API server at http://127.0.0.1:" in err
     assert "Traceback" not in err

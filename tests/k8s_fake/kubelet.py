@@ -6,9 +6,10 @@ kubelet's status update: a MODIFIED event on its watch (and Events for the reaso
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from tests.k8s_fake.store import CORE, ObjectStore, now_rfc3339, terminate_containers
+from tests.k8s_fake.store import BATCH, CORE, ObjectStore, now_rfc3339, terminate_containers
 
 FAKE_NODE = "fake-node-1"
 
@@ -170,3 +171,38 @@ class FakeKubelet:
                 "source": {"component": "kubelet", "host": FAKE_NODE},
             },
         )
+
+
+class FakeJobController:
+    """Plays the Job controller for one step at a time: the test says when a Job gets a pod.
+
+    `start_pod` makes the pod the way the controller does: from the Job's template (with the
+    labels the API server put there), named `<job>-<random>`, controlled by the Job.
+    """
+
+    def __init__(self, store: ObjectStore, namespace: str = "default") -> None:
+        self.store = store
+        self.namespace = namespace
+
+    def start_pod(self, job_name: str) -> dict[str, Any]:
+        job = self.store.get(BATCH, "jobs", self.namespace, job_name)
+        template = copy.deepcopy(job["spec"]["template"])
+        meta = template.get("metadata") or {}
+        body = {
+            "metadata": {
+                "generateName": f"{job_name}-",
+                "labels": dict(meta.get("labels") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": BATCH,
+                        "kind": "Job",
+                        "name": job_name,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": template["spec"],
+        }
+        return self.store.create(CORE, "pods", self.namespace, body)

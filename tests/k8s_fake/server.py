@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.k8s_fake.kubelet import FakeKubelet
+from tests.k8s_fake.kubelet import FakeJobController, FakeKubelet
 from tests.k8s_fake.selectors import SelectorError
 from tests.k8s_fake.store import CORE, ApiError, ObjectStore, status_object
 
@@ -242,6 +242,7 @@ class FakeKubeApiServer:
         self.namespace = namespace
         self.store = ObjectStore()
         self.kubelet = FakeKubelet(self.store, namespace)
+        self.jobs = FakeJobController(self.store, namespace)
         self._httpd = _HTTPServer(self.store)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True
@@ -290,8 +291,15 @@ class FakeKubeApiServer:
     def create(self, resource: str, body: dict[str, Any], gv: str = CORE) -> dict[str, Any]:
         return self.store.create(gv, resource, self.namespace, body)
 
-    def delete(self, resource: str, name: str, grace_seconds: int | None = None) -> dict:
-        return self.store.delete(CORE, resource, self.namespace, name, grace_seconds)
+    def delete(
+        self,
+        resource: str,
+        name: str,
+        grace_seconds: int | None = None,
+        gv: str = CORE,
+        propagation: str | None = None,
+    ) -> dict:
+        return self.store.delete(gv, resource, self.namespace, name, grace_seconds, propagation)
 
     def requests(self, method: str | None = None, watch: bool | None = None) -> list:
         """The requests served so far: (method, path, query params)."""

@@ -22,6 +22,7 @@ from tests.k8s_fake.selectors import parse_field_selector, parse_label_selector
 
 CORE = "v1"
 RBAC = "rbac.authorization.k8s.io/v1"
+BATCH = "batch/v1"
 
 # (groupVersion, resource) -> kind. Everything else answers 404.
 KINDS: dict[tuple[str, str], str] = {
@@ -33,6 +34,7 @@ KINDS: dict[tuple[str, str], str] = {
     (CORE, "serviceaccounts"): "ServiceAccount",
     (RBAC, "roles"): "Role",
     (RBAC, "rolebindings"): "RoleBinding",
+    (BATCH, "jobs"): "Job",
 }
 DEFAULT_POD_GRACE_SECONDS = 30
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -192,6 +194,7 @@ class ObjectStore:
         meta["namespace"] = namespace
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
+        _validate(kind, obj)
         _defaults(kind, obj)
         key = (gv, resource, namespace, meta["name"])
         with self._lock:
@@ -288,6 +291,10 @@ class ObjectStore:
     ) -> dict[str, Any]:
         """Delete an object; pods with a grace period go through the kubelet first."""
         key = (gv, resource, namespace, name)
+        if (gv, resource) == (BATCH, "jobs") and propagation is None:
+            # batch/v1 Jobs keep their old default: dependents are orphaned unless the client
+            # asks for cascading (kubectl does: propagationPolicy=Background).
+            propagation = "Orphan"
         with self._lock:
             obj = self.get(gv, resource, namespace, name)
             if (gv, resource) != (CORE, "pods"):
@@ -337,7 +344,19 @@ class ObjectStore:
         self._record("DELETED", key, obj)
         if propagation != "Orphan":
             self._collect_dependents(obj["metadata"]["uid"])
+        else:
+            self._orphan_dependents(obj["metadata"]["uid"])
         return copy.deepcopy(obj)
+
+    def _orphan_dependents(self, owner_uid: str) -> None:
+        """Orphan propagation: the dependents stay, without their reference to the owner."""
+        for key, obj in list(self._objects.items()):
+            refs = obj["metadata"].get("ownerReferences") or []
+            kept = [r for r in refs if r.get("uid") != owner_uid]
+            if len(kept) != len(refs):
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["ownerReferences"] = kept
+                self._write(key, obj)
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """The garbage collector: delete everything whose ownerReferences name `owner_uid`."""
@@ -455,6 +474,39 @@ def terminate_containers(pod: dict[str, Any], exit_code: int, reason: str, messa
     ]
 
 
+def _validate(kind: str, obj: dict[str, Any]) -> None:
+    """The API server's checks on create that our objects could fail (422 Invalid)."""
+    if kind != "Job":
+        return
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or {}
+    policy = (template.get("spec") or {}).get("restartPolicy")
+    if policy not in ("Never", "OnFailure"):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Job.batch "{obj["metadata"]["name"]}" is invalid: spec.template.spec.restartPolicy:'
+            f' Unsupported value: "{policy}": supported values: "OnFailure", "Never"',
+        )
+    if spec.get("podFailurePolicy") and policy != "Never":
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Job.batch "{obj["metadata"]["name"]}" is invalid: spec.podFailurePolicy: only '
+            'allowed when spec.template.spec.restartPolicy is "Never"',
+        )
+    containers = {c["name"] for c in (template.get("spec") or {}).get("containers") or []}
+    for rule in (spec.get("podFailurePolicy") or {}).get("rules") or []:
+        name = (rule.get("onExitCodes") or {}).get("containerName")
+        if name and name not in containers:
+            raise ApiError(
+                422,
+                "Invalid",
+                f"spec.podFailurePolicy.rules.onExitCodes.containerName: {name!r} is not a "
+                "container of the pod template",
+            )
+
+
 def _defaults(kind: str, obj: dict[str, Any]) -> None:
     """What the API server fills in on create."""
     if kind == "Pod":
@@ -466,6 +518,25 @@ def _defaults(kind: str, obj: dict[str, Any]) -> None:
             spec["clusterIP"] = f"10.96.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}"
         spec["clusterIPs"] = [spec["clusterIP"]]
         spec.setdefault("type", "ClusterIP")
+    elif kind == "Job":
+        # Without manualSelector the server selects the Job's pods by its own uid, and labels
+        # the pod template with it (new and legacy label names), as the real one does.
+        uid, name = obj["metadata"]["uid"], obj["metadata"]["name"]
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completions", 1)
+        spec.setdefault("parallelism", 1)
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
+        labels.update(
+            {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": name,
+                "controller-uid": uid,
+                "job-name": name,
+            }
+        )
+        obj["status"] = {}
     elif kind == "Secret":
         data = obj.setdefault("data", {})
         for k, v in (obj.pop("stringData", None) or {}).items():

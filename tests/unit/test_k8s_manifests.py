@@ -24,6 +24,7 @@ from master.config import parse_job_spec
 from master.platform.api import NodeLaunchSpec
 from master.platform.k8s_resources import (
     ENV_PREFIX,
+    JOB_UID_LABEL,
     MASTER_ROLE_RULES,
     K8sConfigError,
     K8sSettings,
@@ -51,6 +52,7 @@ def model_class(obj: dict[str, Any]):
         ("v1", "PersistentVolumeClaim"): client.V1PersistentVolumeClaim,
         (RBAC_GV, "Role"): client.V1Role,
         (RBAC_GV, "RoleBinding"): client.V1RoleBinding,
+        ("batch/v1", "Job"): client.V1Job,
     }
     key = (obj.get("apiVersion"), obj.get("kind"))
     assert key in models, f"unexpected apiVersion/kind {key}"
@@ -67,21 +69,19 @@ def check_object(obj: dict[str, Any]) -> None:
     assert meta.get("name"), f"{obj['kind']} without metadata.name"
     assert dns_label(meta["name"]) == meta["name"], f"{meta['name']!r} is not a DNS label"
     kind = obj["kind"]
-    if kind == "Pod":
+    if kind == "Job":
         spec = obj["spec"]
-        assert spec["containers"], "a pod needs containers"
-        volumes = {v["name"] for v in spec.get("volumes", [])}
-        for c in spec["containers"]:
-            assert c["name"] and c["image"] and c.get("command"), c
-            for m in c.get("volumeMounts", []):
-                assert m["name"] in volumes, f"mount of undeclared volume {m['name']!r}"
-            names = {e["name"] for e in c.get("env", [])}
-            for e in c.get("env", []):
-                assert ("value" in e) != ("valueFrom" in e), e
-            for arg in c["command"]:
-                for ref in _var_refs(arg):
-                    assert ref in names, f"$({ref}) in the command is not in the env"
-        assert spec.get("restartPolicy") == "Never"
+        policy = spec["template"]["spec"]["restartPolicy"]
+        assert policy in ("Never", "OnFailure"), policy
+        if spec.get("podFailurePolicy"):
+            assert policy == "Never", "podFailurePolicy needs restartPolicy Never"
+            containers = {c["name"] for c in spec["template"]["spec"]["containers"]}
+            for rule in spec["podFailurePolicy"]["rules"]:
+                if "onExitCodes" in rule:
+                    assert rule["onExitCodes"]["containerName"] in containers
+        _check_pod_spec(spec["template"]["spec"], pod_restart_policy=policy)
+    elif kind == "Pod":
+        _check_pod_spec(obj["spec"])
     elif kind == "Service":
         assert obj["spec"]["selector"] and obj["spec"]["ports"]
     elif kind == "Role":
@@ -89,6 +89,22 @@ def check_object(obj: dict[str, Any]) -> None:
             assert rule["verbs"] and rule["resources"] and rule["apiGroups"] is not None
     elif kind == "RoleBinding":
         assert obj["roleRef"]["kind"] == "Role" and obj["subjects"]
+
+
+def _check_pod_spec(spec: dict[str, Any], pod_restart_policy: str = "Never") -> None:
+    assert spec["containers"], "a pod needs containers"
+    volumes = {v["name"] for v in spec.get("volumes", [])}
+    for c in spec["containers"]:
+        assert c["name"] and c["image"] and c.get("command"), c
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in volumes, f"mount of undeclared volume {m['name']!r}"
+        names = {e["name"] for e in c.get("env", [])}
+        for e in c.get("env", []):
+            assert ("value" in e) != ("valueFrom" in e), e
+        for arg in c["command"]:
+            for ref in _var_refs(arg):
+                assert ref in names, f"$({ref}) in the command is not in the env"
+    assert spec.get("restartPolicy") == pod_restart_policy
 
 
 def _var_refs(arg: str) -> list[str]:
@@ -106,10 +122,26 @@ def resolved_env(pod: dict[str, Any]) -> dict[str, str]:
         if "value" in e:
             env[e["name"]] = e["value"]
         else:
-            section, field = e["valueFrom"]["fieldRef"]["fieldPath"].split(".")
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path.startswith("metadata.labels['"):
+                label = path[len("metadata.labels['") : -2]
+                assert label == JOB_UID_LABEL, f"the Job controller sets no label {label!r}"
+                env[e["name"]] = f"<{label}>"
+                continue
+            section, field = path.split(".")
             assert section == "metadata" and field in ("name", "namespace", "uid"), e
             env[e["name"]] = pod["metadata"].get(field) or f"<{field}>"
     return env
+
+
+def master_pod_of(by_kind: dict[str, dict[str, dict]]) -> dict[str, Any]:
+    """The master pod: a bare Pod, or the pod template of the master's Job."""
+    if "Job" in by_kind:
+        (job,) = by_kind["Job"].values()
+        template = job["spec"]["template"]
+        return {"metadata": {"name": job["metadata"]["name"], **template["metadata"]}, **template}
+    (pod,) = by_kind["Pod"].values()
+    return pod
 
 
 def check_job_objects(objects: list[dict[str, Any]], extra_accounts: set[str] = frozenset()):
@@ -119,7 +151,7 @@ def check_job_objects(objects: list[dict[str, Any]], extra_accounts: set[str] = 
     by_kind: dict[str, dict[str, dict]] = {}
     for obj in objects:
         by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
-    (pod,) = by_kind["Pod"].values()
+    pod = master_pod_of(by_kind)
     spec = pod["spec"]
     accounts = set(by_kind.get("ServiceAccount", {})) | set(extra_accounts)
     assert spec["serviceAccountName"] in accounts
@@ -213,6 +245,7 @@ def test_dry_run_prints_valid_objects(tmp_path, monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     argv = ["submit", str(job_yaml), "--platform", "k8s", "--dry-run", "--namespace", "ml"]
+    argv += ["--state", "etcd://etcd.ml.svc:2379"]
     assert main([*argv, "--image", "reg.example/dl:3"]) == 0
     objects = [d for d in yaml.safe_load_all(out.getvalue()) if d]
     assert [o["kind"] for o in objects] == [
@@ -221,15 +254,22 @@ def test_dry_run_prints_valid_objects(tmp_path, monkeypatch):
         "RoleBinding",
         "ConfigMap",
         "Service",
-        "Pod",
+        "Job",
     ]
     by_kind = check_job_objects(objects)
     assert all(o["metadata"]["namespace"] == "ml" for o in objects)
     assert by_kind["ConfigMap"]["my-job-job"]["data"]["job.yaml"] == job_yaml.read_text()
     assert by_kind["Role"]["my-job-master"]["rules"] == [dict(r) for r in MASTER_ROLE_RULES]
-    pod = by_kind["Pod"]["my-job-master"]
+    pod = master_pod_of(by_kind)
     assert pod["spec"]["containers"][0]["image"] == "reg.example/dl:3"
-    assert K8sSettings.from_env(resolved_env(pod)).image == "reg.example/dl:3"
+    settings = K8sSettings.from_env(resolved_env(pod))
+    assert settings.image == "reg.example/dl:3"
+    # The nodes are owned by the master's Job (its uid: the label the Job controller sets).
+    assert (settings.owner_kind, settings.owner_name) == ("Job", "my-job-master")
+    assert settings.owner_uid == f"<{JOB_UID_LABEL}>"
+    command = pod["spec"]["containers"][0]["command"]
+    assert "--resume-if-started" in command
+    assert command[command.index("--state") + 1] == "etcd://etcd.ml.svc:2379"
     assert "|" in out.getvalue(), "the job YAML should print as a readable block"
 
 

@@ -1,0 +1,215 @@
+"""A master pod killed mid-job on Kubernetes (fake API server and kubelet, real master processes).
+
+`dlrover submit --platform k8s` creates the master's Job; the test plays the Job controller
+(it starts the Job's pods), the kubelet (runs, fails and finishes pods) and the pod's
+downward API (the master's env, the job token secret mounted as a file). The masters are
+real `dlrover master` processes started with the command of the Job's pod template.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from master.cli import main
+from tests.integration.test_k8s_platform import ROOT, SEL, env_of, pod_of, write_kubeconfig
+from tests.k8s_fake import FakeKubeApiServer
+from tests.k8s_fake.store import BATCH, RBAC
+
+pytest.importorskip("kubernetes")
+
+JOB = "tfjob"
+MASTER = f"{JOB}-master"
+
+
+@pytest.fixture
+def api():
+    with FakeKubeApiServer() as server:
+        yield server
+
+
+def write_job(tmp_path) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"name: {JOB}\n"
+        "command: [python, train.py]\n"
+        "workdir: /opt/dlrover/examples/tf\n"
+        "ps: {replicas: 1}\n"
+        "worker: {replicas: 2, max_relaunches: 2}\n"
+    )
+    return str(path)
+
+
+def pod_env(pod) -> dict[str, str]:
+    """The master container's env as the kubelet gives it (downward API fields resolved)."""
+    env = {}
+    for e in pod["spec"]["containers"][0]["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+            continue
+        path = e["valueFrom"]["fieldRef"]["fieldPath"]
+        label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+        if label:
+            env[e["name"]] = pod["metadata"]["labels"].get(label.group(1), "")
+        else:
+            section, field = path.split(".")
+            env[e["name"]] = pod[section][field]
+    return env
+
+
+class MasterPod:
+    """One pod of the master's Job, its container run as a local `dlrover master` process."""
+
+    def __init__(self, api, tmp_path, job_yaml: str) -> None:
+        self.pod = api.jobs.start_pod(MASTER)
+        self.name = self.pod["metadata"]["name"]
+        api.kubelet.run(self.name)
+        command = self.pod["spec"]["containers"][0]["command"]
+        assert command[:2] == ["dlrover", "master"], command
+        args = list(command[2:])
+        args[0] = job_yaml  # the ConfigMap's job.yaml, mounted
+        # The claim mounted at /var/dlrover is a directory shared by every master pod here.
+        args = [a.replace("/var/dlrover", str(tmp_path / "claim")) for a in args]
+        args[args.index("--port") + 1] = "0"  # no fixed port on a shared test machine
+        # The token secret, mounted (optional: absent until the first master creates it).
+        token_dir = tmp_path / f"token-{self.name}"
+        token_dir.mkdir()
+        secrets = api.objects("secrets")
+        if secrets:
+            (token_dir / "token").write_bytes(base64.b64decode(secrets[0]["data"]["token"]))
+        i = args.index("--job-token-file")
+        args[i + 1] = str(token_dir / "token")
+        self.run_dir = args[args.index("--run-dir") + 1]
+        summary = tmp_path / f"summary-{self.name}.json"
+        self.summary_path = summary
+        env = dict(os.environ)
+        env.update(pod_env(api.pod(self.name)))
+        env.update(
+            {
+                "KUBECONFIG": write_kubeconfig(tmp_path, api),
+                "DLROVER_K8S_GRACE_SECONDS": "1",
+            }
+        )
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "master.cli", "master", *args, "--summary-json", str(summary)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def summary(self) -> dict:
+        return json.loads(self.summary_path.read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=30)
+
+
+def uids(api) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.pods(SEL)}
+
+
+def test_a_killed_master_pod_is_replaced_and_adopts_every_node_pod(api, tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path, api))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    job_yaml = write_job(tmp_path)
+    assert main(["submit", job_yaml, "--platform", "k8s", "--data-claim", "shared"]) == 0
+    api.store.sigterm_exit_code = 0  # the PS exits 0 when the master stops it
+
+    first = MasterPod(api, tmp_path, job_yaml)
+    masters = [first]
+    try:
+        ps, w0, w1 = (
+            pod_of(api, "ps", 0, 1),
+            pod_of(api, "worker", 0, 2),
+            pod_of(api, "worker", 1, 3),
+        )
+        for pod in (ps, w0, w1):
+            api.kubelet.run(pod["metadata"]["name"])
+            assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
+        api.wait_for(lambda: api.objects("secrets"), what="the job token secret")
+        before = uids(api)
+
+        # The master dies; its pod fails, and the Job controller starts another one.
+        first.proc.send_signal(signal.SIGKILL)
+        out1, _ = first.proc.communicate(timeout=30)
+        api.kubelet.exit(first.name, 137, reason="Error")
+        # worker-1 fails while no master watches.
+        api.kubelet.exit(w1["metadata"]["name"], 1, message="boom")
+        posts_before = len(api.requests("POST"))
+
+        second = MasterPod(api, tmp_path, job_yaml)
+        masters.append(second)
+        assert second.run_dir == first.run_dir  # every master pod of the job: one run dir
+        # worker-1 comes back at rank 1 (a new incarnation, id 4), behind the same service.
+        w1b = pod_of(api, "worker", 1, 4)
+        assert env_of(w1b)["TF_CONFIG"] == env_of(w1)["TF_CONFIG"]
+        api.kubelet.run(w1b["metadata"]["name"])
+        # The healthy pods are the same objects: nothing deleted or recreated.
+        now = uids(api)
+        for name in (ps["metadata"]["name"], w0["metadata"]["name"]):
+            assert now[name] == before[name]
+        deletes = [r for r in api.requests("DELETE") if "/pods/" in r[1]]
+        assert deletes == []
+        new_posts = [r for r in api.requests("POST")[posts_before:] if r[1].endswith("/pods")]
+        assert len(new_posts) == 1  # only worker-1's relaunch
+
+        api.kubelet.exit(w0["metadata"]["name"], 0)
+        api.kubelet.exit(w1b["metadata"]["name"], 0)
+        out2, _ = second.proc.communicate(timeout=60)
+        assert second.proc.returncode == 0, out1 + out2
+        summary = second.summary()
+        assert summary["status"] == "succeeded"
+        nodes = [(n["type"], n["rank"], n["id"], n["exit_reason"]) for n in summary["nodes"]]
+        assert nodes == [
+            ("ps", 0, 1, "stopped"),
+            ("worker", 0, 2, "succeeded"),
+            ("worker", 1, 3, "user_error"),
+            ("worker", 1, 4, "succeeded"),
+        ]
+        restarted = [e for e in summary["events"] if e["kind"] == "master_restarted"]
+        assert len(restarted) == 1 and "adopted 3 running nodes" in restarted[0]["message"]
+
+        # A master pod started after the end (its predecessor died as it exited) does nothing.
+        third = MasterPod(api, tmp_path, job_yaml)
+        masters.append(third)
+        out3, _ = third.proc.communicate(timeout=60)
+        assert third.proc.returncode == 0, out3
+        assert "the job already ended (succeeded)" in out3
+        assert len(api.pods(SEL)) == 3  # w0, w1 and w1b kept for their logs; PS deleted
+
+        # `kubectl delete job tfjob-master` (background cascade) removes every object.
+        api.delete("jobs", MASTER, gv=BATCH, propagation="Background")
+        api.wait_for(
+            lambda: (
+                not any(api.objects(r) for r in ("pods", "services", "secrets", "configmaps"))
+                and not api.objects("serviceaccounts")
+                and not api.objects("roles", gv=RBAC)
+                and not api.objects("rolebindings", gv=RBAC)
+            ),
+            what="every object of the job to be collected",
+        )
+    finally:
+        for m in masters:
+            m.kill()
+
+
+def test_submit_without_durable_state_is_refused_with_the_fix(tmp_path, capsys):
+    job_yaml = write_job(tmp_path)
+    assert main(["submit", job_yaml, "--platform", "k8s", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--state etcd://HOST:PORT" in err and "--data-claim PVC" in err
+    argv = ["submit", job_yaml, "--platform", "k8s", "--dry-run", "--state", "/tmp/s.sqlite"]
+    assert main(argv) == 2
+    assert "must outlive the master pod" in capsys.readouterr().err
