@@ -313,6 +313,32 @@ def brain_hint(brain: Any, spec: Any) -> tuple[int, str]:
 # The executor (runs inside JobMaster's control loop)
 
 
+class ProcessProbe:
+    """CPU and resident memory of local node processes, read by the master itself (psutil),
+    for nodes that send no heartbeat stats. Only a platform that hands out pids (local) has
+    processes here to read."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, Any] = {}  # node id -> psutil.Process
+
+    def sample(self, node_id: int, pid: int) -> tuple[float, int] | None:
+        """(CPU percent since the previous sample, RSS bytes), or None (first look, or gone)."""
+        import psutil
+
+        if pid <= 0:
+            return None
+        proc = self._procs.get(node_id)
+        try:
+            if proc is None or proc.pid != pid:
+                proc = self._procs[node_id] = psutil.Process(pid)
+                proc.cpu_percent(interval=None)  # primes the counter: the next call measures
+                return None
+            return proc.cpu_percent(interval=None), proc.memory_info().rss
+        except psutil.Error:
+            self._procs.pop(node_id, None)
+            return None
+
+
 class AutoscaleExecutor:
     """Samples a job every `interval_seconds`, decides, and applies the decision.
 
@@ -331,6 +357,7 @@ class AutoscaleExecutor:
         self._next = 0.0
         self._last_records: tuple[float, int] | None = None
         self._migration: Future | None = None
+        self._probe = ProcessProbe()
 
     def seed(self, hint: int, reason: str) -> None:
         """A first worker count to go to (from the Brain's history), before any measurement."""
@@ -372,17 +399,28 @@ class AutoscaleExecutor:
             busy = "a PS migration is in flight"
         current = job.nodes.all_current()
         running = [n for n in current if n.state == NodeState.RUNNING]
-        ps = tuple(
-            PSLoad(
-                rank=n.rank,
-                cpu_percent=n.cpu_percent,
-                cpu_cores=n.cpu or job.spec.ps.cpu,
-                memory_rss_mb=n.memory_rss_bytes / 2**20,
-                memory_limit_mb=float(n.memory_mb or n.extra.get("memory_limit_bytes", 0) / 2**20),
+        ps = []
+        for n in running:
+            if n.type != "ps":
+                continue
+            if n.registered:  # its heartbeats carry its stats
+                cpu_percent, rss = n.cpu_percent, n.memory_rss_bytes
+            else:  # e.g. the built-in PS server, which sends none: read its process if local
+                measured = self._probe.sample(n.id, int(n.platform_handle.get("pid", 0)))
+                if measured is None:
+                    continue
+                cpu_percent, rss = measured
+            ps.append(
+                PSLoad(
+                    rank=n.rank,
+                    cpu_percent=cpu_percent,
+                    cpu_cores=n.cpu or job.spec.ps.cpu,
+                    memory_rss_mb=rss / 2**20,
+                    memory_limit_mb=float(
+                        n.memory_mb or n.extra.get("memory_limit_bytes", 0) / 2**20
+                    ),
+                )
             )
-            for n in running
-            if n.type == "ps" and n.registered
-        )
         replicas = job.replicas
         return Observation(
             time=now,
@@ -392,7 +430,7 @@ class AutoscaleExecutor:
             ready=sum(1 for n in running if n.type in TRAINING_TYPES and n.steps > 0),
             records_per_second=rate,
             records_todo=sum(s.records_todo for s in stats) if stats else 1,
-            ps=ps,
+            ps=tuple(ps),
             busy=busy,
             cpu_requested=sum(n.cpu or job.spec.group(n.type).cpu for n in running),
             memory_requested_mb=sum(n.memory_mb for n in running),

@@ -396,3 +396,24 @@ def test_brain_history_gives_the_starting_count(tmp_path):
     assert hint == 3 and reason.startswith("the brain's history: 3 workers trained fastest")
     # A Brain that cannot be reached gives no hint (and no error).
     assert brain_hint(Brain("http://127.0.0.1:9"), spec) == (0, "")
+
+
+def test_process_probe_reads_a_local_process_without_heartbeats():
+    import subprocess
+    import sys
+    import time
+
+    from master.autoscaler import ProcessProbe
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    probe = ProcessProbe()
+    try:
+        assert probe.sample(7, busy.pid) is None  # the first look primes the CPU counter
+        time.sleep(0.5)
+        cpu, rss = probe.sample(7, busy.pid)
+        assert cpu > 10.0 and rss > 1_000_000
+    finally:
+        busy.kill()
+        busy.wait()
+    assert probe.sample(7, busy.pid) is None  # gone
+    assert probe.sample(8, 0) is None  # no pid: not a local process
