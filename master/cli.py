@@ -127,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until the job ends",
     )
+    st.add_argument(
+        "--show-dashboard-token",
+        action="store_true",
+        help="print the dashboard link with its login token (read from .dashboard_token next to "
+        "--token-file); anyone with the link can read the dashboard",
+    )
     sc = sub.add_parser(
         "scale", help="change the number of workers, evaluators or PS of a running job"
     )
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume_if_started or args.job_token_file:
         try:
             resume, ended, master_config = _restartable_master(spec, args, master_config)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: StateStoreError
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
         if ended:
@@ -299,7 +305,7 @@ def _restartable_master(spec, args: argparse.Namespace, cfg: MasterConfig):
 
 
 def _recorded_job_state(state_path: str, namespace: str) -> str:
-    """"" (no job started), "running", or how the job recorded in the state store ended."""
+    """How the job in the state store stands: "running", its end state, or "" (not started)."""
     import json
     import os
 
@@ -345,7 +351,26 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     child += ["--metrics-port", str(metrics_port)]
     state = args.state or os.path.join(run_dir, "state.sqlite")
     namespace = state_namespace(spec, run_dir)
-    return MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace).run()
+    anchor = None
+    if args.platform == "ray":
+        # Node actors are created through an anchor this process holds: they outlive a
+        # master that dies, and end with this process (see master/platform/ray_platform.py).
+        from master.platform.ray_platform import start_job_anchor
+
+        ray_namespace = "dlrover-" + namespace.replace("/", "-")
+        try:
+            anchor = start_job_anchor(args.ray_address, ray_namespace)
+        except PlatformError as e:
+            print(f"dlrover: error: {e}", file=sys.stderr)
+            return 2
+        child += ["--ray-namespace", ray_namespace]
+    try:
+        return MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace).run()
+    finally:
+        if anchor is not None:
+            import ray
+
+            ray.shutdown()  # the anchor, and every node actor it owns, end with this driver
 
 
 def _brain_location(given: str, spec) -> str:
@@ -492,15 +517,27 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from master.client import MasterError
-    from master.status_view import show_status
+    import os
 
+    from master.client import MasterError
+    from master.dashboard.auth import TOKEN_FILE, read_token
+    from master.status_view import DashboardAccess, show_status
+
+    token_file = os.path.join(os.path.dirname(os.path.abspath(args.token_file)), TOKEN_FILE)
+    try:
+        token = read_token(token_file)
+    except ValueError as e:
+        if args.show_dashboard_token:
+            print(f"dlrover: error: {e}", file=sys.stderr)
+            return 2
+        token = ""  # the screen then comes from the gRPC status alone
+    access = DashboardAccess(token, token_file, args.ca_file, args.show_dashboard_token)
     try:
         client = _admin_client(args)
     except MasterError as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
-    return show_status(client, args.watch, sys.stdout)
+    return show_status(client, args.watch, sys.stdout, access)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,14 @@ The actor (`NodeActor`) starts the command in its own process group on the Ray n
 node's (type, rank) is pinned to, and its `wait()` returns the exit code. A watcher thread in
 the master turns finished `wait()` calls and dead actors into `NodeEvent`s.
 
+Node actors outlive a master that dies when `dlrover submit --platform ray --ray-address`
+supervises it: the supervisor, a Ray driver itself, starts a job anchor actor (`JobAnchor`,
+named in a namespace of the run's own) and the master creates every node actor through it.
+Those actors are named (`node-<id>`), owned by the anchor, so they share its fate, not the
+master's: a restarted master finds them by name (checking the actor id in its handle) and
+watches them again, and when the supervisor goes (even SIGKILLed) Ray ends the anchor and
+with it every node actor. A master without an anchor owns its actors itself (they end with it).
+
 Processes never outlive their actor: the command runs under a small guard process
 (`python -m master.platform.ray_platform FD -- COMMAND...`) whose sentinel holds the read end
 of a pipe whose write end only the actor holds. When the actor's process goes away for any
@@ -51,6 +59,9 @@ NODE_CACHE_SECONDS = 2.0
 LOCAL_START_ATTEMPTS = 3
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
 ACTOR_MAX_CONCURRENCY = 4
+# The job anchor's name in the run's namespace, and its concurrent calls (launches).
+ANCHOR_NAME = "dlrover-job-anchor"
+ANCHOR_MAX_CONCURRENCY = 16
 
 # Ray 2.60 turns token authentication on for a cluster ray.init starts; a cluster that only
 # this master uses, on loopback, needs none.
@@ -109,6 +120,80 @@ class NodeActor:
         return kill_process_group(self._proc.pid, sig)
 
 
+class JobAnchor:
+    """Creates and holds the node actors of one run, so that they outlive its master.
+
+    Owned by the `dlrover submit` supervisor's Ray driver: when that driver goes, Ray ends the
+    anchor and every actor it owns.
+    """
+
+    def __init__(self) -> None:
+        import ray
+
+        self._ray = ray
+        self._actor_class = ray.remote(NodeActor)
+        self._actors: dict[int, Any] = {}
+
+    def ping(self) -> bool:
+        return True
+
+    def launch(self, spec: NodeLaunchSpec, ray_node: str, options: dict[str, Any]) -> Any:
+        """Start a node actor named node-<id> with `options`; its handle."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options = dict(options)
+        node_id = options.pop("node_id")
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        actor = self._actor_class.options(name=node_actor_name(spec.id), **options).remote(
+            spec, ray_node
+        )
+        self._actors[spec.id] = actor
+        return actor
+
+    def release(self, node_id: int) -> None:
+        """The master is done with this node (it ended and was reported)."""
+        actor = self._actors.pop(node_id, None)
+        if actor is not None:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+def node_actor_name(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+def start_job_anchor(address: str, namespace: str) -> Any:
+    """Connect this process (the supervisor) to Ray and start the run's job anchor in it.
+
+    The anchor lives as long as this process's Ray connection does.
+    """
+    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
+    ray_host = address.rsplit(":", 1)[0]
+    ray = _import_ray(loopback=_is_loopback(ray_host))
+    try:
+        _check_reachable(address)
+        ray.init(
+            address=address,
+            namespace=namespace,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    except (OSError, RuntimeError, ValueError) as e:
+        raise PlatformError(
+            f"cannot connect to the Ray cluster at {address!r} (--ray-address): {e}; "
+            "start one with `ray start --head` or leave --ray-address out"
+        ) from e
+    anchor = (
+        ray.remote(JobAnchor)
+        .options(name=ANCHOR_NAME, num_cpus=0, max_concurrency=ANCHOR_MAX_CONCURRENCY)
+        .remote()
+    )
+    ray.get(anchor.ping.remote(), timeout=120)
+    return anchor
+
+
 def _ray_node_env() -> dict[str, str]:
     """The environment this Ray node gives its workers, without Ray's own additions.
 
@@ -158,6 +243,7 @@ class _Running:
     node: _RayNode
     actor: Any
     ref: Any
+    actor_name: str = ""  # named actors (through the job anchor): found again by name
 
 
 def _is_loopback(host: str) -> bool:
@@ -230,10 +316,11 @@ class RayPlatform(Platform):
     multi-host cluster it must not be loopback.
     """
 
-    def __init__(self, host: str = "127.0.0.1", address: str = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", address: str = "", namespace: str = "") -> None:
         super().__init__()
         self.host = host
         self.address = address
+        self.namespace = namespace  # the run's Ray namespace, where its job anchor is
         already = "ray" in sys.modules and sys.modules["ray"].is_initialized()
         ray_host = address.rsplit(":", 1)[0] if address else "127.0.0.1"
         self._ray = ray = _import_ray(loopback=not already and _is_loopback(ray_host))
@@ -261,6 +348,15 @@ class RayPlatform(Platform):
         self._actor_class = ray.remote(NodeActor)
         self._port_task = ray.remote(num_cpus=0)(free_port)
         self._my_node = ray.get_runtime_context().get_node_id()
+        self._anchor: Any = None
+        if namespace:
+            try:
+                self._anchor = ray.get_actor(ANCHOR_NAME, namespace=namespace)
+            except ValueError:
+                raise PlatformError(
+                    f"no job anchor in Ray namespace {namespace!r}: the `dlrover submit` that "
+                    "supervises this master is gone (or --ray-namespace is wrong)"
+                ) from None
 
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], _Slot] = {}
@@ -355,8 +451,15 @@ class RayPlatform(Platform):
         }
         if spec.memory_mb > 0:
             options["memory"] = spec.memory_mb * MIB
-        actor = self._actor_class.options(**options).remote(spec, node.ip)
-        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote())
+        name = ""
+        if self._anchor is not None:
+            del options["scheduling_strategy"]
+            options["node_id"] = node.node_id
+            actor = self._ray.get(self._anchor.launch.remote(spec, node.ip, options), timeout=120)
+            name = node_actor_name(spec.id)
+        else:
+            actor = self._actor_class.options(**options).remote(spec, node.ip)
+        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote(), actor_name=name)
         with self._lock:
             self._running[spec.id] = run
         self._wake.set()
@@ -410,6 +513,84 @@ class RayPlatform(Platform):
             self._ray.kill(run.actor, no_restart=True)
         except Exception as e:  # already gone, or Ray is shutting down
             log.debug("%s: ray.kill: %s", _name(run.spec), e)
+        if self._anchor is not None and run.actor_name:
+            try:
+                self._anchor.release.remote(run.spec.id)
+            except Exception as e:
+                log.debug("%s: release: %s", _name(run.spec), e)
+
+    # -- resuming under a restarted master ----------------------------------------------------
+
+    def handle(self, node_id: int) -> dict[str, Any]:
+        """The node actor's name, namespace and id: a later master finds exactly this actor."""
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None or not run.actor_name:
+            return {}
+        return {
+            "actor": run.actor_name,
+            "namespace": self.namespace,
+            "actor_id": run.actor._actor_id.hex(),
+        }
+
+    def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:
+        """Pin each (type, rank) to the Ray node and port a previous master gave it."""
+        if self._anchor is None:
+            raise PlatformError(self._no_anchor())
+        with self._lock:
+            by_ip = {n.ip: n for n in self._alive_nodes(refresh=True)}
+            for key, addr in addresses.items():
+                ip, _, port = addr.rpartition(":")
+                node = by_ip.get(ip)
+                if node is None:
+                    log.warning(
+                        "%s-%d: its Ray node %s is gone; it moves when relaunched", *key, ip
+                    )
+                    continue
+                self._slots[key] = _Slot(node, int(port))
+
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, Any]) -> None:
+        """Watch a node actor a previous master started; an end it missed is reported now."""
+        if self._anchor is None:
+            raise PlatformError(self._no_anchor())
+        name = str(handle.get("actor") or node_actor_name(spec.id))
+        namespace = str(handle.get("namespace") or self.namespace)
+        with self._lock:
+            slot = self._slots.get((spec.type, spec.rank))
+        node = slot.node if slot else _RayNode("", "?", 0.0)
+        actor = None
+        try:
+            actor = self._ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            pass
+        if actor is not None and handle.get("actor_id") not in (None, actor._actor_id.hex()):
+            log.warning("%s: actor %s is another incarnation's; not adopting it", _name(spec), name)
+            actor = None
+        if actor is None:
+            self.events.put(
+                NodeEvent(
+                    spec.type,
+                    spec.rank,
+                    spec.id,
+                    exit_code=-signal.SIGKILL,
+                    message=f"{_name(spec)} id={spec.id}: its Ray actor {name} ended while no "
+                    "master watched it",
+                    details={"ray_error": "ActorGone"},
+                )
+            )
+            return
+        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote(), actor_name=name)
+        with self._lock:
+            self._running[spec.id] = run
+        self._wake.set()
+        log.info("adopted %s-%d id=%d (Ray actor %s)", spec.type, spec.rank, spec.id, name)
+
+    def _no_anchor(self) -> str:
+        return (
+            "the Ray platform adopts a previous master's nodes only under `dlrover submit "
+            "--platform ray --ray-address ADDRESS`, whose job anchor keeps them alive; this "
+            "master was started without one"
+        )
 
     # -- events ------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -299,8 +300,9 @@ def test_no_orphans_when_a_ray_master_is_interrupted_or_killed(ray_address, tmp_
         cwd=os.path.dirname(HERE),
     )
     try:
-        _wait_for_node_process(tmp_path, "worker.0")
-        _wait_for_node_process(tmp_path, "worker.1")
+        # Under `dlrover submit` the supervisor first starts the job anchor actor: allow time.
+        _wait_for_node_process(tmp_path, "worker.0", timeout=90)
+        _wait_for_node_process(tmp_path, "worker.1", timeout=90)
         # Per worker: the guard, its sentinel and the trainer.
         assert len(marked_processes(str(tmp_path / "ids"), "FAKE_IDS_DIR")) == 6
         # SIGINT: the master stops its nodes; SIGKILL: none of its cleanup code runs.
@@ -337,3 +339,33 @@ def test_unreachable_ray_address_is_one_clear_error(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cannot connect to the Ray cluster at '127.0.0.1:1'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_killed_ray_master_is_restarted_and_adopts_every_node_actor(ray_address, tmp_path):
+    """`dlrover submit --platform ray --ray-address`: the master SIGKILLs itself mid-job, the
+    supervisor restarts it, and the new master finds the node actors by name and watches them."""
+    from tests.integration.test_master_restart import _submit_streaming, _summary
+
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"})
+    rc, out = _submit_streaming(
+        job,
+        tmp_path,
+        "--platform",
+        "ray",
+        "--ray-address",
+        ray_address,
+        "--kill",
+        "master:0@40%",
+        timeout=240,
+    )
+    assert rc == 0, out
+    assert "master died (killed by SIGKILL); restarting it (1/5)" in out
+    summary = _summary(tmp_path)
+    assert summary["status"] == "succeeded"
+    nodes = [(n["type"], n["rank"], n["relaunches"], n["exit_reason"]) for n in summary["nodes"]]
+    assert nodes == [("worker", 0, 0, "succeeded"), ("worker", 1, 0, "succeeded")]
+    assert len(glob.glob(str(tmp_path / "ids" / "*.ids"))) == 2  # one process per worker
+    restarted = [e for e in summary["events"] if e["kind"] == "master_restarted"]
+    assert len(restarted) == 1 and "adopted 2 running nodes" in restarted[0]["message"]
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2 and counts.max() == 2  # nothing lost, nothing trained twice
