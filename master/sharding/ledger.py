@@ -150,6 +150,7 @@ class DatasetLedger:
     def __init__(self, spec: DatasetSpec) -> None:
         spec.validate()
         self.spec = spec
+        self._spec_fields = dataclasses.asdict(spec)  # values are plain ints, str and bool
         self._shard_records = spec.shard_records()
         self._epoch = -1
         self._next_shard_id = 0
@@ -160,6 +161,9 @@ class DatasetLedger:
         self._records_done = 0
         self._records_redone = 0
         self._done_per_epoch: dict[int, int] = {}
+        # Shards whose lease was added, changed or removed since take_touched(): what an
+        # incremental write to the state store must rewrite (see lease_record).
+        self._touched: set[int] = set()
 
     # Handing out and taking back.
 
@@ -222,6 +226,7 @@ class DatasetLedger:
             return False  # a late or repeated report: progress never goes backwards
         self._count_done(lease.shard.epoch, consumed - lease.consumed)
         lease.consumed = consumed
+        self._touched.add(shard_id)
         if consumed < size:
             return False
         self._remove_lease(lease)
@@ -302,31 +307,43 @@ class DatasetLedger:
 
     def snapshot(self) -> dict[str, Any]:
         """The full state as JSON-serializable data (see from_snapshot)."""
+        data = self.head()
+        data["doing"] = [_lease_record(lease) for _, lease in sorted(self._doing.items())]
+        return data
+
+    def head(self) -> dict[str, Any]:
+        """The snapshot without its "doing" list: small, whatever the number of held shards."""
         return {
             "format": SNAPSHOT_FORMAT,
-            "spec": dataclasses.asdict(self.spec),
+            "spec": dict(self._spec_fields),
             "epoch": self._epoch,
             "next_shard_id": self._next_shard_id,
             "todo": [
                 {"epoch": r.epoch, "start": r.start, "end": r.end, "redo": r.redo}
                 for r in self._todo
             ],
-            "doing": [
-                {
-                    "holder": lease.holder,
-                    "shard_id": lease.shard.shard_id,
-                    "epoch": lease.shard.epoch,
-                    "start": lease.shard.start,
-                    "end": lease.shard.end,
-                    "consumed": lease.consumed,
-                    "request_id": lease.request_id,
-                }
-                for _, lease in sorted(self._doing.items())
-            ],
             "records_done": self._records_done,
             "records_redone": self._records_redone,
             "done_per_epoch": {str(e): n for e, n in sorted(self._done_per_epoch.items())},
         }
+
+    def lease_record(self, shard_id: int) -> dict[str, Any] | None:
+        """One item of the snapshot's "doing" list, or None when the shard is not held."""
+        lease = self._doing.get(shard_id)
+        return None if lease is None else _lease_record(lease)
+
+    def doing_ids(self) -> set[int]:
+        """Ids of the held shards."""
+        return set(self._doing)
+
+    def take_touched(self) -> set[int]:
+        """Shard ids whose lease changed since the last call (then forgets them)."""
+        touched, self._touched = self._touched, set()
+        return touched
+
+    def retouch(self, shard_ids: set[int]) -> None:
+        """Mark shards changed again (a write of them to the state store failed)."""
+        self._touched |= shard_ids
 
     @property
     def next_shard_id(self) -> int:
@@ -365,9 +382,11 @@ class DatasetLedger:
     def _add_lease(self, lease: _Lease) -> None:
         self._doing[lease.shard.shard_id] = lease
         self._by_holder.setdefault(lease.holder, {})[lease.shard.shard_id] = lease
+        self._touched.add(lease.shard.shard_id)
 
     def _remove_lease(self, lease: _Lease) -> None:
         del self._doing[lease.shard.shard_id]
+        self._touched.add(lease.shard.shard_id)
         held = self._by_holder[lease.holder]
         del held[lease.shard.shard_id]
         if not held:
@@ -389,6 +408,18 @@ class DatasetLedger:
                 self._todo_records += shard.end - start
                 returned += shard.end - start
         return returned
+
+
+def _lease_record(lease: _Lease) -> dict[str, Any]:
+    return {
+        "holder": lease.holder,
+        "shard_id": lease.shard.shard_id,
+        "epoch": lease.shard.epoch,
+        "start": lease.shard.start,
+        "end": lease.shard.end,
+        "consumed": lease.consumed,
+        "request_id": lease.request_id,
+    }
 
 
 def _check_holder(holder: object) -> None:

@@ -14,7 +14,12 @@ from master.state.api import StateStore
 
 log = logging.getLogger(__name__)
 
+# A live ledger is stored as a head row (everything but the held shards) in LEDGER_TABLE and one
+# row per held shard in LEASE_TABLE, so a grant or a completion rewrites two small rows, not the
+# whole ledger. A head row with a "doing" list (written before the lease rows existed) is a whole
+# ledger; it is read as such and rewritten in the new layout by the next write.
 LEDGER_TABLE = "ledger"
+LEASE_TABLE = "ledger_lease"
 SNAPSHOT_TABLE = "ledger_snapshot"
 DEFAULT_FLUSH_SECONDS = 0.2
 
@@ -63,18 +68,24 @@ class _Entry:
     `version` counts changes to the ledger; `durable` is the version the store last received.
     """
 
-    def __init__(self, ledger: DatasetLedger) -> None:
+    def __init__(self, ledger: DatasetLedger, stored: set[int] | None = None) -> None:
         self.ledger = ledger
         self.cond = threading.Condition()
         self.version = 0
         self.durable = 0
         # Held while one thread writes the ledger for everyone waiting (group commit).
         self.commit_lock = threading.Lock()
+        self.stored: set[int] = stored or set()  # shard ids with a row in LEASE_TABLE
+        self.rewrite_all = False  # the next write rewrites every lease row (ledger replaced)
 
     def changed(self) -> int:
         """Count a change (call with `cond` held); returns the version to make durable."""
         self.version += 1
         return self.version
+
+
+def _lease_key(dataset: str, shard_id: int) -> str:
+    return f"{dataset}/{shard_id:020d}"
 
 
 def snapshot_key(dataset: str, global_step: int) -> str:
@@ -90,9 +101,19 @@ class ShardingService:
         self._lock = threading.Lock()
         self._flush_seconds = flush_seconds
         self._closed = threading.Event()
+        leases: dict[str, list[dict]] = {}
+        for key, raw in store.scan(LEASE_TABLE).items():
+            leases.setdefault(key.rpartition("/")[0], []).append(json.loads(raw))
         for name, raw in store.scan(LEDGER_TABLE).items():
-            ledger = DatasetLedger.from_snapshot(json.loads(raw), requeue_doing=False)
-            self._datasets[name] = _Entry(ledger)
+            data = json.loads(raw)
+            whole = "doing" in data
+            if not whole:
+                data["doing"] = sorted(leases.get(name, []), key=lambda d: d["shard_id"])
+            ledger = DatasetLedger.from_snapshot(data, requeue_doing=False)
+            ledger.take_touched()  # as stored
+            entry = _Entry(ledger, {d["shard_id"] for d in leases.get(name, [])})
+            entry.rewrite_all = whole
+            self._datasets[name] = entry
         self._flusher = threading.Thread(target=self._flush_loop, name="ledger-flush", daemon=True)
         self._flusher.start()
 
@@ -242,6 +263,7 @@ class ShardingService:
             entry.ledger = DatasetLedger.from_snapshot(
                 data, requeue_doing=True, first_shard_id=entry.ledger.next_shard_id
             )
+            entry.rewrite_all = True
             version = entry.changed()
             entry.cond.notify_all()
         self._commit(entry, version)
@@ -291,8 +313,36 @@ class ShardingService:
                 return
             with entry.cond:
                 covered = entry.version
-                data = entry.ledger.snapshot()
-            self._store.put(LEDGER_TABLE, data["spec"]["name"], json.dumps(data).encode())
+                ledger = entry.ledger
+                touched = ledger.take_touched()
+                rewrite_all = entry.rewrite_all
+                if rewrite_all:
+                    touched |= entry.stored | ledger.doing_ids()
+                    entry.rewrite_all = False
+                head = ledger.head()
+                leases = {sid: ledger.lease_record(sid) for sid in touched}
+            name = head["spec"]["name"]
+            try:
+                with self._store.transaction():
+                    self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
+                    for sid, record in leases.items():
+                        key = _lease_key(name, sid)
+                        if record is None:
+                            if sid in entry.stored:
+                                self._store.delete(LEASE_TABLE, key)
+                        else:
+                            self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
+            except BaseException:
+                with entry.cond:
+                    if entry.ledger is ledger:
+                        ledger.retouch(touched)
+                    entry.rewrite_all |= rewrite_all or entry.ledger is not ledger
+                raise
+            for sid, record in leases.items():
+                if record is None:
+                    entry.stored.discard(sid)
+                else:
+                    entry.stored.add(sid)
             entry.durable = covered
 
     def _persist(self, entry: _Entry, force: bool = False) -> None:

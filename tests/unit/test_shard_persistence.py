@@ -1,0 +1,169 @@
+"""The shard service's writes to the state store: durable before a call returns, incremental
+(a head row and a row per held shard), grouped under concurrency, and retried after a failure."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from master.sharding.ledger import DatasetLedger, DatasetSpec
+from master.sharding.service import LEASE_TABLE, LEDGER_TABLE, ShardingService, ShardStatus
+from master.state.api import StateStoreError
+from master.state.sqlite import SQLiteStateStore
+
+SPEC = DatasetSpec("ds", size=10_000, batch_size=10, records_per_shard=100)
+
+
+class CountingStore(SQLiteStateStore):
+    """SQLite store that counts committed outermost transactions and can fail the next ones."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.commits = 0
+        self.fail_next = 0
+        self.gate: threading.Event | None = None  # when set, writes wait for it to open
+        self.writing = threading.Event()  # set once a write waits at the gate
+        self._nesting = threading.local()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            depth = getattr(self._nesting, "depth", 0)
+            if depth == 0 and self.fail_next:
+                self.fail_next -= 1
+                raise StateStoreError("disk full (injected)")
+            gate = self.gate if depth == 0 else None
+            if gate is not None:
+                self.writing.set()
+                gate.wait(10)
+            self._nesting.depth = depth + 1
+            try:
+                with super().transaction():
+                    yield
+            finally:
+                self._nesting.depth = depth
+            if depth == 0:
+                self.commits += 1
+
+
+def reopened(path: Path) -> ShardingService:
+    """What a restarted master would load, read through a connection of its own."""
+    return ShardingService(SQLiteStateStore(str(path)), flush_seconds=3600)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "state.sqlite"
+
+
+def test_grant_and_completion_are_stored_before_the_call_returns(path: Path) -> None:
+    svc = ShardingService(SQLiteStateStore(str(path)), flush_seconds=3600)  # no background flush
+    svc.create(SPEC)
+    grant = svc.get_shard("ds", holder=7, request_id=1)
+    assert grant.status == ShardStatus.SHARD
+    assert reopened(path)._datasets["ds"].ledger.held_by(7) == [grant.shard]
+
+    svc.report("ds", 7, [(grant.shard.shard_id, grant.shard.size)])
+    after = reopened(path)._datasets["ds"].ledger
+    assert after.held_by(7) == []
+    assert after.records_done == grant.shard.size
+    assert SQLiteStateStore(str(path)).scan(LEASE_TABLE) == {}
+    svc.close()
+
+
+def test_a_write_stores_the_head_and_the_changed_lease_only(path: Path) -> None:
+    store = SQLiteStateStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    shards = [svc.get_shard("ds", holder=h, request_id=1).shard for h in range(5)]
+    head = json.loads(store.get(LEDGER_TABLE, "ds"))
+    assert "doing" not in head
+    rows = store.scan(LEASE_TABLE)
+    assert len(rows) == 5
+    assert {json.loads(v)["shard_id"] for v in rows.values()} == {s.shard_id for s in shards}
+    # Partial progress is flushed later, and then only its own row changes.
+    svc.report("ds", 2, [(shards[2].shard_id, 30)])
+    svc.flush()
+    assert reopened(path)._datasets["ds"].ledger.consumed(2, shards[2].shard_id) == 30
+    svc.close()
+
+
+def test_grants_waiting_for_a_write_share_the_next_one(path: Path) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    before = store.commits
+    gate, writing = threading.Event(), threading.Event()
+    store.gate, store.writing = gate, writing
+    got: dict[int, object] = {}
+
+    def node(holder: int) -> None:
+        got[holder] = svc.get_shard("ds", holder, request_id=1).shard
+
+    first = threading.Thread(target=node, args=(0,))
+    first.start()
+    assert writing.wait(10)  # node 0's grant is being written, and that write is held
+    others = [threading.Thread(target=node, args=(h,)) for h in range(1, 9)]
+    for t in others:
+        t.start()
+    deadline = time.monotonic() + 10
+    while svc._datasets["ds"].ledger.holders() != set(range(9)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until every other node has its shard in memory, waiting for the write
+    assert all(t.is_alive() for t in others)  # none answered before its grant is stored
+    store.gate = None
+    gate.set()
+    for t in [first, *others]:
+        t.join(10)
+    assert store.commits - before == 2  # node 0's write, then one for the other eight
+    ledger = reopened(path)._datasets["ds"].ledger
+    for holder, shard in got.items():
+        assert ledger.held_by(holder) == [shard]
+    svc.close()
+
+
+def test_a_failed_write_is_retried_by_the_retried_ask(path: Path) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    store.fail_next = 1
+    with pytest.raises(StateStoreError):
+        svc.get_shard("ds", holder=3, request_id=5)
+    assert reopened(path)._datasets["ds"].ledger.held_by(3) == []
+    again = svc.get_shard("ds", holder=3, request_id=5)  # the node retries the same ask
+    assert reopened(path)._datasets["ds"].ledger.held_by(3) == [again.shard]
+    svc.close()
+
+
+def test_a_whole_ledger_row_of_the_old_layout_loads_and_is_rewritten(path: Path) -> None:
+    ledger = DatasetLedger(SPEC)
+    held = ledger.next_shard(4, request_id=9)
+    store = SQLiteStateStore(str(path))
+    store.put(LEDGER_TABLE, "ds", json.dumps(ledger.snapshot()).encode())
+    svc = ShardingService(store, flush_seconds=3600)
+    assert svc.get_shard("ds", 4, request_id=9).shard == held  # the retried ask, answered again
+    svc.get_shard("ds", 5, request_id=1)
+    assert "doing" not in json.loads(store.get(LEDGER_TABLE, "ds"))
+    assert len(store.scan(LEASE_TABLE)) == 2
+    assert reopened(path)._datasets["ds"].ledger.held_by(4) == [held]
+    svc.close()
+
+
+def test_restoring_a_snapshot_drops_the_rows_of_shards_it_gives_back(path: Path) -> None:
+    store = SQLiteStateStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)  # saves the snapshot of step 0
+    for h in range(3):
+        svc.get_shard("ds", holder=h, request_id=1)
+    assert len(store.scan(LEASE_TABLE)) == 3
+    svc.restore_snapshot("ds", 0)
+    assert store.scan(LEASE_TABLE) == {}
+    ledger = reopened(path)._datasets["ds"].ledger
+    assert ledger.holders() == set()
+    assert ledger.next_shard_id == 3  # ids handed out before the restore are never reused
+    svc.close()
