@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from master.events import INCIDENT_KINDS
@@ -236,32 +237,78 @@ def _current_nodes(nodes: Any) -> list[Any]:
     return sorted(latest.values(), key=lambda n: (_type_index(n.type), n.rank))
 
 
-def fetch_document(client: Any, timeout: float = 10.0) -> dict[str, Any]:
-    """The job's status document: the master's /api/status, or the gRPC status if unreachable."""
+@dataclass(frozen=True)
+class DashboardAccess:
+    """How `dlrover status` reads the dashboard: its token ("" if unknown), the CA that signed an
+    HTTPS dashboard's certificate, and whether to print the login link (token included)."""
+
+    token: str = ""
+    token_file: str = ""
+    ca_file: str = ""
+    show_token: bool = False
+
+
+def fetch_document(
+    client: Any, timeout: float = 10.0, access: DashboardAccess | None = None
+) -> dict[str, Any]:
+    """The job's status document: the master's /api/status, or the gRPC status if unreachable.
+    Either way "dashboard_url" says where the dashboard is (no token in it)."""
     import json
+    import ssl
     import urllib.error
     import urllib.request
 
+    access = access or DashboardAccess()
     status = client.job_status()
-    if status.dashboard_url:
+    doc = None
+    if status.dashboard_url and access.token:
         url = status.dashboard_url.rstrip("/") + "/api/status"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {access.token}"})
+        context = None
+        if url.startswith("https:"):
+            context = ssl.create_default_context(cafile=access.ca_file or None)
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as reply:
-                return json.loads(reply.read())
-        except (OSError, urllib.error.URLError, ValueError) as e:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
+                doc = json.loads(reply.read())
+        except (OSError, urllib.error.URLError, ValueError, ssl.SSLError) as e:
             log.warning("cannot read %s (%s); showing the gRPC status only", url, e)
-    return document_from_status_pb(status)
+    if doc is None:
+        doc = document_from_status_pb(status)
+    doc["dashboard_url"] = status.dashboard_url
+    return doc
 
 
-def show_status(client: Any, watch_seconds: float, out: TextIO) -> int:
+def dashboard_line(doc: dict[str, Any], access: DashboardAccess) -> str:
+    """Where the dashboard is and how to open it; the token only when asked for."""
+    url = doc.get("dashboard_url") or ""
+    if not url:
+        return ""
+    if access.show_token and access.token:
+        return (
+            f"dashboard {url}?token={access.token}\n"
+            "  (this link logs a browser in, then drops the token from the address; "
+            "it is a password: do not share it)\n"
+        )
+    where = access.token_file or "RUN_DIR/.dashboard_token"
+    return (
+        f"dashboard {url}\n"
+        f"  (to open it: `dlrover status ... --show-dashboard-token` prints a login link; "
+        f"scripts send 'Authorization: Bearer' with the token in {where})\n"
+    )
+
+
+def show_status(
+    client: Any, watch_seconds: float, out: TextIO, access: DashboardAccess | None = None
+) -> int:
     """Print the status screen once, or (watch_seconds > 0) redraw it until the job ends."""
     from master.client import MasterError
 
+    access = access or DashboardAccess()
     ended = ("succeeded", "failed", "stopped")
     shown = 0
     while True:
         try:
-            doc = fetch_document(client)
+            doc = fetch_document(client, access=access)
         except MasterError as e:
             if shown and watch_seconds > 0:
                 # The master stops serving right after its job ends.
@@ -270,7 +317,8 @@ def show_status(client: Any, watch_seconds: float, out: TextIO) -> int:
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
         shown += 1
-        screen = render_status(doc)
+        line = dashboard_line(doc, access)
+        screen = render_status(doc) + ("\n" + line if line else "")
         if watch_seconds > 0:
             out.write(CLEAR_SCREEN + screen + f"\n(every {watch_seconds:g}s; Ctrl-C to quit)\n")
         else:

@@ -258,7 +258,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     )
     if brain is not None and job.autoscaler is not None and not opts.resume:
         job.autoscaler.seed(*brain_hint(brain, spec))  # the best worker count of past runs
-    observability = Observability(job, cfg.host, spec.metrics_port)
+    observability = Observability(job, cfg.host, spec.metrics_port, tls=server_tls)
     server, port = start_server(
         job,
         cfg.host,
@@ -279,7 +279,8 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
                 f"{spec.group(t).replicas} {t}" for t in ("ps", "chief", "worker", "evaluator")
             )
             + "\n"
-            f"   dashboard {dashboard}  metrics {dashboard}metrics\n"
+            f"   dashboard {dashboard}  metrics {dashboard}metrics  "
+            f"(token in {observability.token_file}; `dlrover status --show-dashboard-token`)\n"
         )
         for fault in opts.faults:
             out.write(f"   fault injection planned: {fault.describe()}\n")

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from tests.integration.test_local_job import DLROVER, start_submit, write_job
-from tests.integration.test_observability import read_header
+from tests.integration.test_observability import dashboard_token, read_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(REPO, "docs")
@@ -52,9 +52,20 @@ def run_chromium(binary: str, profile: str, *args: str) -> subprocess.CompletedP
     )
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as reply:
+def get_json(url: str, token: str) -> dict:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
         return json.loads(reply.read())
+
+
+def dlrover_status(header: dict, *args: str) -> subprocess.CompletedProcess:
+    token_file = os.path.join(header["run_dir"], ".job_token")
+    return subprocess.run(
+        [*DLROVER, "status", "--addr", header["addr"], "--token-file", token_file, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
@@ -67,17 +78,29 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
     try:
         header = read_header(proc)
         url = header["dashboard"]
+        token = dashboard_token(header["run_dir"])
         # Wait for a story worth showing: the kill, the relaunch and some training after it.
-        status = get_json(url + "api/status")
+        status = get_json(url + "api/status", token)
         while not (
             any(e["kind"] == "relaunch" for e in status["events"])
             and all(n["state"] == "running" and n["steps"] > 20 for n in status["nodes"])
-            and sum(s["loss"] is not None for s in get_json(url + "api/series")["samples"]) >= 3
+            and sum(s["loss"] is not None for s in get_json(url + "api/series", token)["samples"])
+            >= 3
         ):
             assert status["state"] == "running", status
-            status = get_json(url + "api/status")
+            status = get_json(url + "api/status", token)
+        # Without logging in, a browser gets the 401 page that says how to.
+        refused = run_chromium(binary, str(tmp_path / "profile-anon"), "--dump-dom", url)
+        assert "--show-dashboard-token" in refused.stdout, refused.stdout[-2000:]
+        assert 'data-loaded="true"' not in refused.stdout
+        # A user logs in with the link `dlrover status --show-dashboard-token` prints; the
+        # browser then holds a session cookie, and the page's own fetches carry it.
+        linked = dlrover_status(header, "--show-dashboard-token")
+        assert linked.returncode == 0, linked.stderr
+        [link] = re.findall(r"^dashboard (\S+\?token=\S+)$", linked.stdout, re.MULTILINE)
+        assert link == f"{url}?token={token}"
         for attempt in range(3):  # a loaded machine may starve the first browser start
-            dom = run_chromium(binary, str(tmp_path / f"profile-dom{attempt}"), "--dump-dom", url)
+            dom = run_chromium(binary, str(tmp_path / f"profile-dom{attempt}"), "--dump-dom", link)
             if dom.returncode == 0 and 'data-loaded="true"' in dom.stdout:
                 break
         assert dom.returncode == 0, dom.stderr[-2000:]
@@ -97,19 +120,14 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
             str(tmp_path / "profile-shot"),
             f"--screenshot={shot}",
             "--window-size=1280,1000",
-            url,
+            link,
         )
         assert shot_run.returncode == 0, shot_run.stderr[-2000:]
         with open(shot, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-        token_file = os.path.join(header["run_dir"], ".job_token")
-        screen = subprocess.run(
-            [*DLROVER, "status", "--addr", header["addr"], "--token-file", token_file],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        screen = dlrover_status(header)
         assert screen.returncode == 0, screen.stderr
+        assert token not in screen.stdout and f"dashboard {url}\n" in screen.stdout
         assert re.search(r"\n  worker-1 +\d+  running +1 ", screen.stdout), screen.stdout
         # Equal workers: the relaunched one is not taken for a straggler.
         assert "straggler" not in screen.stdout, screen.stdout
@@ -122,3 +140,10 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
     finally:
         proc.kill()
     assert "job stopped" in out
+    # The token was used in URLs and headers all along, and is in no output or log of the job.
+    assert token not in out
+    for folder, _, files in os.walk(header["run_dir"]):
+        for name in files:
+            if name != ".dashboard_token":
+                with open(os.path.join(folder, name), "rb") as f:
+                    assert token.encode() not in f.read(), name

@@ -25,9 +25,18 @@ def read_header(proc: subprocess.Popen) -> dict[str, str]:
     raise AssertionError(f"submit ended without printing its dashboard URL: {found}")
 
 
-def scrape(dashboard: str) -> dict[tuple[str, frozenset], float]:
-    """One Prometheus scrape, parsed by prometheus_client's own text parser."""
-    with urllib.request.urlopen(dashboard + "metrics", timeout=10) as reply:
+def dashboard_token(run_dir: str) -> str:
+    """The job's dashboard token, as a user or a Prometheus credentials_file reads it."""
+    with open(os.path.join(run_dir, ".dashboard_token")) as f:
+        return f.read().strip()
+
+
+def scrape(dashboard: str, token: str) -> dict[tuple[str, frozenset], float]:
+    """One Prometheus scrape (bearer token), parsed by prometheus_client's own text parser."""
+    request = urllib.request.Request(
+        dashboard + "metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.headers["Content-Type"].startswith("text/plain")
         text = reply.read().decode()
     samples = {}
@@ -69,16 +78,17 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repla
             stderr=subprocess.PIPE,
             text=True,
         )
-        first = scrape(header["dashboard"])
+        token = dashboard_token(header["run_dir"])
+        first = scrape(header["dashboard"], token)
         while value(first, "dlrover_global_step") == 0:
-            first = scrape(header["dashboard"])
-        second = scrape(header["dashboard"])
+            first = scrape(header["dashboard"], token)
+        second = scrape(header["dashboard"], token)
         # Wait (no timing assumed) until steps were taken and unary RPCs (shard requests)
         # answered between the two scrapes.
         while value(second, "dlrover_global_step") <= value(
             first, "dlrover_global_step"
         ) or rpc_calls(second) <= rpc_calls(first):
-            second = scrape(header["dashboard"])
+            second = scrape(header["dashboard"], token)
         out, _ = proc.communicate(timeout=120)
         watched, watch_err = watch.communicate(timeout=60)
     finally:
