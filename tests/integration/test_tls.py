@@ -126,3 +126,7 @@ def test_a_job_runs_over_mutual_tls_and_no_secret_is_on_a_command_line(tmp_path)
     # Each node log starts with its command line: neither the token nor a key is in it.
     assert token not in logs and token not in proc.stdout
     assert "PRIVATE KEY" not in logs
+    # The dashboard is HTTPS with the master's certificate; its token is in no output either.
+    assert data["dashboard_url"].startswith("https://")
+    dashboard_token = open(os.path.join(run_dir, ".dashboard_token")).read().strip()
+    assert dashboard_token not in logs and dashboard_token not in proc.stdout + proc.stderr
