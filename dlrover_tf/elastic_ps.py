@@ -118,6 +118,17 @@ def ps_set_of(tf_config: str) -> bytes:
     return ",".join(ps).encode()
 
 
+def _in_force(kv: KVClient, key: Callable[..., bytes], n: int, answered: str) -> bool:
+    """Whether request n (a pause or a checkpoint) is still open: asked, neither answered nor
+    released by the master."""
+    return (
+        n > 0
+        and kv.check([key(n)])
+        and not kv.check([key(n, answered)])
+        and not kv.check([key(n, "release")])
+    )
+
+
 class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
     """Chief: checkpoints at the next step boundary when the master asks (a PS migration).
 
@@ -137,6 +148,10 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
         self._global_step = tf.compat.v1.train.get_global_step()
         self._saver = tf.compat.v1.train.Saver(sharded=True)
         served = self._kv.add(CHECKPOINT_REQUESTS_KEY, 0)
+        if _in_force(self._kv, checkpoint_request_key, served, "done"):
+            # Asked before this chief started (it replaced one that died): answer it too.
+            self._request_number = served
+            self._requested.set()
         threading.Thread(
             target=self._watch, args=(served,), name="dlrover-ckpt-requests", daemon=True
         ).start()
@@ -189,6 +204,10 @@ class _PauseHook(tf.estimator.SessionRunHook):
 
     def begin(self) -> None:
         served = self._kv.add(PAUSE_KEY, 0)
+        if _in_force(self._kv, pause_key, served, f"ack/{self._name}"):
+            # A pause began before this worker started: it pauses at its first step too.
+            self._number = served
+            self._asked.set()
         threading.Thread(
             target=self._watch, args=(served,), name="dlrover-pause", daemon=True
         ).start()

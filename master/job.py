@@ -889,6 +889,7 @@ class JobMaster:
             self._emit(
                 "job_" + state.value, f"job {state.value}" + (f": {reason}" if reason else "")
             )
+            self.migrator.abort(f"the job {state.value} before the change was made")
 
     def emit(
         self, kind: str, message: str, node: Node | None = None, reason: str = "", **details: Any

@@ -148,6 +148,13 @@ class PSMigrator:
                 return
             self._start(m)
             return
+        if m.phase in ("pausing", "checkpoint"):
+            chief = self._current("chief", 0)
+            if chief is None or chief.state == NodeState.SUCCEEDED:
+                self._fail(
+                    m, "training ended before the chief made the checkpoint; nothing changed"
+                )
+                return
         if m.phase == "pausing":
             acked = all(self._kv.check([pause_key(m.pause_number, f"ack/{w}")]) for w in m.pausing)
             if acked or time.monotonic() > m.deadline:
@@ -190,6 +197,17 @@ class PSMigrator:
                 self._finish_resize(m)
             return m
         return m if node.id == m.old_id else None
+
+    def abort(self, reason: str) -> None:
+        """Fail the active migration and every queued one (the job or its chief ended)."""
+        if self._active is not None:
+            self._fail(self._active, reason)
+        while True:
+            try:
+                m = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            m.done.set_exception(RuntimeError(reason))
 
     def finished(self, m: _Migration, new: Node) -> None:
         """The new incarnation runs: the migration is complete."""
@@ -237,7 +255,9 @@ class PSMigrator:
     def _pause_workers(self, m: _Migration) -> None:
         m.phase = "pausing"
         m.deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
-        m.pausing = tuple(w.name for w in self._workers())
+        # Only workers already stepping can ack; one still starting pauses at its first step
+        # (its hook sees the pause in force) but is not waited for.
+        m.pausing = tuple(w.name for w in self._workers() if w.steps > 0)
         m.pause_number = self._kv.add(PAUSE_KEY, 1)
         self._kv.set(pause_key(m.pause_number), (m.reason or "migration").encode())
 

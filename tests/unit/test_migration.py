@@ -19,12 +19,15 @@ class Job:
     def __init__(self) -> None:
         self.kv = KVStore(SQLiteStateStore(":memory:"))
         self.ps = Node("ps", 0, id=1, state=NodeState.RUNNING, memory_mb=512)
-        self.workers = [Node("worker", r, id=2 + r, state=NodeState.RUNNING) for r in range(2)]
+        self.workers = [
+            Node("worker", r, id=2 + r, state=NodeState.RUNNING, steps=5) for r in range(2)
+        ]
+        self.chief = Node("chief", 0, id=9, state=NodeState.RUNNING, steps=5)
         self.retired: list[int] = []
         self.events: list[tuple[str, str]] = []
         self.migrator = PSMigrator(
             self.kv,
-            lambda t, r: self.ps if (t, r) == ("ps", 0) else None,
+            lambda t, r: {("ps", 0): self.ps, ("chief", 0): self.chief}.get((t, r)),
             lambda: self.workers,
             lambda node: self.retired.append(node.id),
             lambda kind, message, *a, **k: self.events.append((kind, message)),
@@ -124,7 +127,6 @@ class ResizableJob(Job):
 
     def __init__(self) -> None:
         super().__init__()
-        self.chief = Node("chief", 0, id=9, state=NodeState.RUNNING)
         self.version = 1
         self.started: list[int] = []
         self.migrator = PSMigrator(
@@ -192,3 +194,37 @@ def test_a_ps_count_change_needs_a_running_chief():
     job.chief.state = NodeState.FAILED
     with pytest.raises(ValueError, match="running chief"):
         job.migrator.request_resize(2, 1, "")
+
+
+def test_a_worker_still_starting_is_not_waited_for():
+    job = Job()
+    job.workers.append(Node("worker", 2, id=7, state=NodeState.RUNNING))  # no step yet
+    job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
+    job.migrator.advance()
+    for w in job.workers[:2]:
+        job.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
+    job.migrator.advance()
+    assert job.kv.get(CHECKPOINT_REQUESTS_KEY, 0) == b"1"  # went ahead without worker-2
+
+
+def test_training_that_ends_first_fails_the_migration_and_releases_everyone():
+    job = Job()
+    done = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
+    job.migrator.advance()
+    job.chief.state = NodeState.SUCCEEDED
+    job.migrator.advance()
+    with pytest.raises(TimeoutError, match="training ended"):
+        done.result(0)
+    assert job.kv.get(pause_key(1, "release"), 0) == b"1"
+    assert job.retired == []
+
+
+def test_abort_fails_the_active_and_the_queued_migrations():
+    job = Job()
+    first = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
+    second = job.migrator.request("ps", 0, memory_mb=4096, cpu=0, reason="", replicas=1)
+    job.migrator.advance()
+    job.migrator.abort("the job stopped")
+    for done in (first, second):
+        with pytest.raises(Exception, match="the job stopped"):
+            done.result(0)
