@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -38,7 +37,6 @@ def build_objects(
     image: str = DEFAULT_IMAGE,
     state: str = "",
     data_claim: str = "",
-    run_id: str = "",
 ) -> list[dict[str, Any]]:
     """Every object of a submitted job, as API dicts in creation order (the Job last)."""
     return master_objects(
@@ -49,7 +47,6 @@ def build_objects(
             image=image,
             state=state,
             data_claim=data_claim,
-            run_id=run_id or time.strftime("%Y%m%d-%H%M%S"),
         )
     )
 

@@ -380,7 +380,6 @@ class SubmitSettings:
     shm_size: str = ""
     data_claim: str = ""
     state: str = ""  # etcd://...; "" = SQLite in the run dir (needs data_claim)
-    run_id: str = ""  # names the run dir: every master pod of this submission shares it
     master_cpu: float = 1.0
     master_memory_mb: int = 1024
 
@@ -417,7 +416,9 @@ class SubmitSettings:
         )
 
     def run_dir(self) -> str:
-        return f"{DEFAULT_DATA_DIR}/runs/{dns_label(self.job_name, self.run_id)}"
+        """One per Job, shared by its master pods: named by the Job's uid, which Kubernetes
+        expands from the container's env ($(VAR) in a command)."""
+        return f"{DEFAULT_DATA_DIR}/runs/{self.job_name}-$({ENV_OWNER_UID})"
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:

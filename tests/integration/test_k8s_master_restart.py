@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from master.cli import main
-from tests.integration.test_k8s_platform import ROOT, SEL, env_of, pod_of, write_kubeconfig
+from tests.integration.test_k8s_platform import ROOT, SEL, env_of, write_kubeconfig
 from tests.k8s_fake import FakeKubeApiServer
 from tests.k8s_fake.store import BATCH, RBAC
 
@@ -73,7 +73,9 @@ class MasterPod:
         api.kubelet.run(self.name)
         command = self.pod["spec"]["containers"][0]["command"]
         assert command[:2] == ["dlrover", "master"], command
-        args = list(command[2:])
+        env = pod_env(api.pod(self.name))
+        # The kubelet expands $(VAR) in the command from the container's env.
+        args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in command[2:]]
         args[0] = job_yaml  # the ConfigMap's job.yaml, mounted
         # The claim mounted at /var/dlrover is a directory shared by every master pod here.
         args = [a.replace("/var/dlrover", str(tmp_path / "claim")) for a in args]
@@ -89,8 +91,7 @@ class MasterPod:
         self.run_dir = args[args.index("--run-dir") + 1]
         summary = tmp_path / f"summary-{self.name}.json"
         self.summary_path = summary
-        env = dict(os.environ)
-        env.update(pod_env(api.pod(self.name)))
+        env = {**os.environ, **env}
         env.update(
             {
                 "KUBECONFIG": write_kubeconfig(tmp_path, api),
@@ -116,10 +117,21 @@ class MasterPod:
         self.proc.communicate(timeout=30)
 
 
+def pod_of(api, node_type: str, rank: int, node_id: int, timeout: float = 90.0):
+    """The pod of one incarnation, waiting for a master process to start (slow when loaded)."""
+    sel = f"{SEL},dlrover.io/node-type={node_type},dlrover.io/node-id={node_id}"
+    return api.wait_for(
+        lambda: next(iter(api.pods(sel)), None),
+        timeout=timeout,
+        what=f"pod of {node_type}-{rank} id {node_id}",
+    )
+
+
 def uids(api) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.pods(SEL)}
 
 
+@pytest.mark.slow  # three master processes: 10-60 s on a loaded 2-core machine
 def test_a_killed_master_pod_is_replaced_and_adopts_every_node_pod(api, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path, api))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -151,7 +163,9 @@ def test_a_killed_master_pod_is_replaced_and_adopts_every_node_pod(api, tmp_path
 
         second = MasterPod(api, tmp_path, job_yaml)
         masters.append(second)
-        assert second.run_dir == first.run_dir  # every master pod of the job: one run dir
+        # Every master pod of the Job shares one run dir, named by the Job's uid.
+        job_uid = api.store.get(BATCH, "jobs", "default", MASTER)["metadata"]["uid"]
+        assert second.run_dir == first.run_dir and first.run_dir.endswith(f"{JOB}-{job_uid}")
         # worker-1 comes back at rank 1 (a new incarnation, id 4), behind the same service.
         w1b = pod_of(api, "worker", 1, 4)
         assert env_of(w1b)["TF_CONFIG"] == env_of(w1)["TF_CONFIG"]

@@ -341,6 +341,7 @@ def test_unreachable_ray_address_is_one_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a whole job with a master restart: ~17 s idle, more when loaded
 def test_killed_ray_master_is_restarted_and_adopts_every_node_actor(ray_address, tmp_path):
     """`dlrover submit --platform ray --ray-address`: the master SIGKILLs itself mid-job, the
     supervisor restarts it, and the new master finds the node actors by name and watches them."""
