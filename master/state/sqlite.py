@@ -16,9 +16,13 @@ logger = logging.getLogger(__name__)
 MEMORY_PATH = ":memory:"
 _BUSY_TIMEOUT_MS = 5000  # another process holding the file: wait this long before failing
 
+# WITHOUT ROWID: rows live in the primary-key b-tree itself, so a write touches one b-tree, not
+# a table and its key index (a shard grant's commit measured ~25% cheaper). Files made before
+# keep their table as it is; both behave the same.
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv ("
-    "tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (tbl, key))"
+    "tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (tbl, key)"
+    ") WITHOUT ROWID"
 )
 
 
@@ -55,6 +59,11 @@ class SQLiteStateStore(StateStore):
                     logger.warning(
                         "state store %s: WAL unavailable, journal mode is %s", self.path, mode
                     )
+                # WAL + synchronous=NORMAL: a commit is in the WAL file (the OS page cache) when
+                # it returns, so it survives the master process dying, which is what a restarted
+                # master needs; the WAL is fsynced at checkpoints only, so an OS crash or power
+                # loss may drop the last commits (never corrupts). FULL would fsync every commit:
+                # 3-4 ms each on this machine's disk against ~0.2 ms.
                 conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(_SCHEMA)
             # Probe that the file is really writable now, rather than failing at the first put.
