@@ -276,6 +276,29 @@ class TrainedIdsHook(tf.estimator.SessionRunHook):
             self._file = None
 
 
+class RehearseHangHook(tf.estimator.SessionRunHook):
+    """Rehearsal of a hang: before local step `at`, stop stepping for good while the process
+    (and its heartbeats) go on, as a deadlocked input or a stuck collective would. Once per
+    model dir: the marker file makes the relaunched task train normally."""
+
+    def __init__(self, at: int, marker: str) -> None:
+        self._at = at
+        self._marker = marker
+        self._steps = 0
+
+    def before_run(self, run_context: tf.estimator.SessionRunContext) -> None:
+        self._steps += 1
+        if self._steps != self._at:
+            return None
+        try:
+            os.close(os.open(self._marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return None  # hung once already (an earlier incarnation)
+        logger.warning("rehearsing a hang at local step %d: no more steps", self._at)
+        while True:
+            time.sleep(3600)
+
+
 def without_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     """Turn tf.data autotuning off for a pipeline.
 
@@ -430,7 +453,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="PATH_PREFIX",
         help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids",
     )
+    p.add_argument(
+        "--rehearse-hang",
+        metavar="TASK:INDEX:STEP",
+        help="rehearse a hang: that task stops stepping at its local STEP (once per model dir)",
+    )
     args = p.parse_args(argv)
+    if args.rehearse_hang:
+        parts = args.rehearse_hang.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            p.error(f"--rehearse-hang {args.rehearse_hang!r}: expected TASK:INDEX:STEP")
     for name in ("records", "epochs", "batch_size", "eval_records"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
@@ -484,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         # kill in between can only make a record look trained twice, never not at all.
         path = f"{args.log_trained_ids}.{config.task_type}.{config.task_id}.{os.getpid()}.ids"
         hooks.append(TrainedIdsHook(path))
+    if args.rehearse_hang:
+        kind, index, at = args.rehearse_hang.split(":")
+        if (kind, int(index)) == (config.task_type, config.task_id):
+            marker = os.path.join(args.model_dir, f"rehearsed-hang.{kind}.{index}")
+            os.makedirs(args.model_dir, exist_ok=True)
+            hooks.append(RehearseHangHook(int(at), marker))
     if args.input == "dlrover":
         try:
             import dlrover_tf

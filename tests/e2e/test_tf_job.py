@@ -292,3 +292,24 @@ def test_tf_ps_count_1_to_2_while_training(tmp_path):
     )
     assert counts.min() == EPOCHS
     assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
+
+
+def test_tf_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
+    ids = write_job(tmp_path, eval_records=1024)
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    # worker-1 stops stepping at its 40th step while its heartbeats go on.
+    job["command"] += ["--rehearse-hang", "worker:1:40"]
+    job["hang_timeout_seconds"] = 15
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--summary-json", str(tmp_path / "s.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "made no step for 15s; restarting it" in proc.stdout
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert w1[0]["exit_reason"] == "hang" and w1[-1]["status"] == "succeeded", w1
+    assert [n["exit_reason"] for n in summary["nodes"]].count("hang") == 1
+    # The hung step never ran: its batch, and the rest of its shard, went back to the queue.
+    check_trained_ids(ids, RECORDS, extra_batches=1)
