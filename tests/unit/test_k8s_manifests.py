@@ -202,7 +202,7 @@ def test_examples_exist():
 @pytest.mark.parametrize("name", ["tf-ps-job.yaml", "torch-job.yaml"])
 def test_job_examples_are_valid(name):
     by_kind = check_job_objects(load(os.path.join(EXAMPLES, name)), {"dlrover-master"})
-    env = resolved_env(next(iter(by_kind["Pod"].values())))
+    env = resolved_env(master_pod_of(by_kind))
     assert K8sSettings.from_env(env).shm_size, "node /dev/shm must be sized for flash checkpoints"
 
 
@@ -210,8 +210,16 @@ def test_tf_example_shares_the_model_dir_through_a_read_write_many_claim():
     by_kind = check_job_objects(load(os.path.join(EXAMPLES, "tf-ps-job.yaml")), {"dlrover-master"})
     (claim,) = by_kind["PersistentVolumeClaim"].values()
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    settings = K8sSettings.from_env(resolved_env(next(iter(by_kind["Pod"].values()))))
+    pod = master_pod_of(by_kind)
+    settings = K8sSettings.from_env(resolved_env(pod))
     assert settings.data_claim == claim["metadata"]["name"]
+    # Its master is a Job that owns the nodes and restarts the master, which resumes from the
+    # state on the claim, in one run dir per Job.
+    assert (settings.owner_kind, settings.owner_name) == ("Job", "wide-deep-master")
+    command = pod["spec"]["containers"][0]["command"]
+    assert "--resume-if-started" in command and "--state" not in command
+    assert command[command.index("--run-dir") + 1].startswith(settings.data_dir + "/")
+    assert "$(DLROVER_K8S_OWNER_UID)" in command[command.index("--run-dir") + 1]
 
 
 def test_rbac_example_grants_what_the_platform_needs():
@@ -293,9 +301,12 @@ def test_cli_does_not_import_the_kubernetes_client():
 
 def reference_objects() -> list[dict[str, Any]]:
     """worker-0 (id 3) of examples/k8s/tf-ps-job.yaml as the platform creates it, + service."""
-    master = next(o for o in load(os.path.join(EXAMPLES, "tf-ps-job.yaml")) if o["kind"] == "Pod")
-    env = resolved_env(master)
-    env.update({"DLROVER_K8S_MASTER_POD_UID": "<uid of wide-deep-master>"})
+    objects = load(os.path.join(EXAMPLES, "tf-ps-job.yaml"))
+    by_kind: dict[str, dict[str, dict]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+    env = resolved_env(master_pod_of(by_kind))
+    env.update({"DLROVER_K8S_OWNER_UID": "<uid of Job wide-deep-master>"})
     settings = K8sSettings.from_env(env, namespace="default")
     cluster = (
         '{"cluster": {"ps": ["wide-deep-ps-0.default.svc:2222"], "chief": '
@@ -303,7 +314,7 @@ def reference_objects() -> list[dict[str, Any]]:
         '"wide-deep-worker-1.default.svc:2222"]}, "task": {"type": "worker", "index": 0}, '
         '"environment": "cloud"}'
     )
-    run_dir = "/var/dlrover/runs/wide-deep-<uid of wide-deep-master>"
+    run_dir = "/var/dlrover/runs/wide-deep-<uid of Job wide-deep-master>"
     node_env = {
         "DLROVER_MASTER_ADDR": "wide-deep-master.default.svc:50051",
         "DLROVER_JOB_TOKEN_FILE": "/var/run/dlrover/token/token",
