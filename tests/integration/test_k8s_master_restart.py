@@ -227,3 +227,46 @@ def test_submit_without_durable_state_is_refused_with_the_fix(tmp_path, capsys):
     argv = ["submit", job_yaml, "--platform", "k8s", "--dry-run", "--state", "/tmp/s.sqlite"]
     assert main(argv) == 2
     assert "must outlive the master pod" in capsys.readouterr().err
+
+
+def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
+    """State elsewhere (etcd in a cluster; a SQLite file outside the run dir here) and a new
+    pod's empty run dir: --resume-if-started resumes with the token from the mounted secret."""
+    import argparse
+
+    from master.cli import _restartable_master
+    from master.config import MasterConfig, parse_job_spec
+    from master.job import JOB_TABLE
+    from master.state.factory import open_state_store
+    from master.submit import TOKEN_FILE, state_namespace
+
+    job = {"name": JOB, "command": ["true"], "worker": {"replicas": 1}}
+    spec = parse_job_spec(job, "test", str(tmp_path))
+    run_dir = tmp_path / "runs" / "tfjob-uid1"  # the new pod's emptyDir: nothing in it
+    state = str(tmp_path / "elsewhere.sqlite")
+    token = tmp_path / "secret" / "token"
+    args = argparse.Namespace(
+        resume=False,
+        resume_if_started=True,
+        run_dir=str(run_dir),
+        state=state,
+        job_token_file=str(token),
+    )
+    cfg = MasterConfig(state_path=state)
+    # No job in the state and no secret yet: a fresh start with a new token.
+    resume, ended, fresh = _restartable_master(spec, args, cfg)
+    assert (resume, ended, fresh.job_token) == (False, "", cfg.job_token)
+
+    store = open_state_store(state, job=state_namespace(spec, str(run_dir)))
+    store.put(JOB_TABLE, "runtime", b"{}")
+    store.put(JOB_TABLE, "status", json.dumps({"state": "running", "reason": ""}).encode())
+    token.parent.mkdir()
+    token.write_text("the-nodes-token\n")
+    resume, ended, cfg2 = _restartable_master(spec, args, cfg)
+    assert (resume, ended, cfg2.job_token) == (True, "", "the-nodes-token")
+    assert (run_dir / TOKEN_FILE).read_text() == "the-nodes-token"
+    assert oct((run_dir / TOKEN_FILE).stat().st_mode & 0o777) == "0o600"
+
+    store.put(JOB_TABLE, "status", json.dumps({"state": "failed", "reason": "x"}).encode())
+    store.close()
+    assert _restartable_master(spec, args, cfg)[:2] == (False, "failed")
