@@ -1,14 +1,24 @@
 """Shard round trips per second and latency against a real master over gRPC on loopback.
 
-One round trip is what a worker does per shard: `get_shard(dataset, wait_ms=0)`, then
-`report_progress(dataset, [(shard_id, shard_size)])` reporting the whole shard consumed. The master
-runs in its own process (a JobMaster built as `dlrover submit` builds it, with 64 registered worker
-incarnations but no node launched); the clients are `MasterClient`s, one per thread, spread over
-two client processes. The same client layout then drives an "echo" server (two trivial unary calls
-per round trip, same thread pool size) in the same run: the transport-only cost, which the master
-cannot beat.
+One round trip is one shard, taken and reported consumed, in two ways:
 
-    python benchmarks/sharding.py [--clients 1,16,64] [--seconds 5] [--json-only]
+- "worker" (the headline): what a real worker does (`dlrover_tf.ShardedDataset`): one unary
+  `MasterClient.get_shard(dataset, wait_ms=0)`, then the shard's progress on the node's
+  long-lived progress stream (`ProgressStream.send`, as `step_done` does), `--steps-per-shard`
+  messages per shard (default 1: the report of the step that finishes the shard). The master
+  applies stream messages in order and writes a finished shard to its state store before it
+  reads the next one; each client flushes its stream at the end of a phase (the time that takes
+  is reported as the drain, so a backlog could not hide).
+- "unary": the older two-call form, `get_shard` then a unary `report_progress` of the whole shard.
+
+The master runs in its own process (a JobMaster built as `dlrover submit` builds it: SQLite state
+file, token check, per-connection rate limit, RPC timing interceptor; 64 registered worker
+incarnations, no node launched). The clients are `MasterClient`s, one per thread, each with its
+own connection (as separate nodes have), spread over two client processes. The same clients then
+drive an "echo" server in the same run: the Master service's methods answering pre-encoded
+replies of the same size (a 1,024-record shard) without any work, the transport-only ceiling.
+
+    python benchmarks/sharding.py [--clients 1,16,64] [--seconds 5] [--steps-per-shard 1]
 
 Prints a table, then one JSON line with every figure.
 """
@@ -30,7 +40,7 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 # DLRover 0.6.1 with its own client on this machine, as given in the issue (not measured here):
@@ -41,14 +51,15 @@ TARGET_RATIO = 3.0
 TARGET_P99_MS = 10.0
 
 WORKER_REPLICAS = 64
-SERVER_THREADS = 128  # as `dlrover submit` (SubmitOptions.max_rpc_workers)
+SERVER_THREADS = 512  # as `dlrover submit` (MasterConfig.max_workers)
 CLIENT_PROCESSES = 2
 DATASET_SIZE = 10**9  # never runs out: a phase uses well under 0.1% of it
 BATCH_SIZE = 64
 RECORDS_PER_SHARD = BATCH_SIZE * 16
-ECHO_SERVICE = "bench.Echo"
-ECHO_PAYLOAD = b"\x0a\x08\x08\x01\x10\x02\x18\x03" * 4  # about a GetShardRequest's size
-CALL_TIMEOUT_S = 30.0  # MasterClient's default per-call deadline, used by the echo client too
+MODES = ("worker", "unary")
+BENCH_RATE_PER_SECOND = 100_000.0  # the master's per-connection rate limit in this benchmark
+# Each simulated node gets its own TCP connection (by default gRPC shares one per process).
+PRIVATE_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 START_MARGIN_S = 0.3  # between "every client connected" and the common start time
 SERVER_START_TIMEOUT_S = 60.0
 CLIENT_READY_TIMEOUT_S = 60.0
@@ -65,6 +76,7 @@ def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, 
     """A JobMaster as `dlrover submit` builds it, without job.run(): no node is launched."""
     from master.config import parse_job_spec
     from master.job import JobMaster, JobRuntime
+    from master.metrics import JobMetrics
     from master.platform.local import LocalPlatform
     from master.server import start_server
     from master.state.sqlite import SQLiteStateStore
@@ -84,8 +96,18 @@ def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, 
         job.nodes.mark_running(node.id, platform.address_for("worker", rank), "")
         node_ids.append(node.id)
     token = secrets.token_urlsafe(32)
+    # As `dlrover submit`: the RPC timing interceptor (Observability) before the rate limit and
+    # the token check. The rate limit checks every call, at a rate one simulated node here never
+    # reaches (one client alone makes more calls per second than a real node's 500/s budget).
     server, port = start_server(
-        job, "127.0.0.1", 0, token, max_workers=SERVER_THREADS, heartbeat_interval_ms=2000
+        job,
+        "127.0.0.1",
+        0,
+        token,
+        max_workers=SERVER_THREADS,
+        heartbeat_interval_ms=2000,
+        interceptors=[JobMetrics(job).interceptor()],
+        requests_per_second=BENCH_RATE_PER_SECOND,
     )
     runtime.master_addr = f"127.0.0.1:{port}"
 
@@ -99,21 +121,43 @@ def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, 
 
 
 def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
-    """A minimal gRPC server: two unary methods that return their request bytes."""
+    """The Master service's shard methods on a bare gRPC server, answering without any work:
+    GetShard a pre-encoded shard of RECORDS_PER_SHARD records, the progress calls nothing."""
     from concurrent import futures
 
     import grpc
 
     from master.client import MAX_MESSAGE_BYTES
+    from master.pb import data_pb2
+    from master.server import encode_indices
 
-    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return request
+    shard_reply = data_pb2.GetShardReply(
+        status=data_pb2.GetShardReply.SHARD,
+        shard=data_pb2.Shard(
+            shard_id=1,
+            start=0,
+            end=RECORDS_PER_SHARD,
+            record_indices=encode_indices(list(range(RECORDS_PER_SHARD))),
+        ),
+    ).SerializeToString()
+
+    def get_shard(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return shard_reply
+
+    def report(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return b""
+
+    def stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        for _ in requests:
+            pass
+        return b""
 
     handler = grpc.method_handlers_generic_handler(
-        ECHO_SERVICE,
+        "dlrover.v1.Master",
         {
-            "GetShard": grpc.unary_unary_rpc_method_handler(echo),
-            "ReportProgress": grpc.unary_unary_rpc_method_handler(echo),
+            "GetShard": grpc.unary_unary_rpc_method_handler(get_shard),
+            "ReportProgress": grpc.unary_unary_rpc_method_handler(report),
+            "StreamProgress": grpc.stream_unary_rpc_method_handler(stream),
         },
     )
     server = grpc.server(
@@ -123,6 +167,10 @@ def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # As the master's server: MasterClient pings every 2 s, also without calls.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+            ("grpc.http2.max_ping_strikes", 0),
         ],
     )
     port = server.add_insecure_port("127.0.0.1:0")
@@ -163,6 +211,8 @@ class Phase:
     """What one client process runs in one phase."""
 
     kind: str  # "master" or "echo"
+    mode: str  # "worker" or "unary" (see the module docstring)
+    steps: int  # progress messages per shard in worker mode
     addr: str
     token: str
     dataset: str
@@ -171,52 +221,51 @@ class Phase:
     seconds: float
 
 
-def _master_round_trip(phase: Phase, rank: int, node_id: int) -> tuple[Callable, Callable]:
+def _round_trip(phase: Phase, rank: int, node_id: int) -> tuple[Callable, Callable]:
+    """(one round trip, close) for one simulated node; close returns the seconds its progress
+    stream took to drain (worker mode) or 0."""
     import grpc
 
-    from master.client import MasterClient, NodeIdentity
+    from master.client import MasterClient, NodeIdentity, ProgressStream
     from master.pb import data_pb2
 
-    client = MasterClient(phase.addr, phase.token, NodeIdentity("worker", rank, node_id))
+    client = MasterClient(
+        phase.addr,
+        phase.token,
+        NodeIdentity("worker", rank, node_id),
+        channel_options=PRIVATE_CONNECTION,
+    )
     # Connect before the common start (the channel is private to MasterClient, fine here).
     grpc.channel_ready_future(client._channel).result(timeout=CLIENT_READY_TIMEOUT_S)
     dataset = phase.dataset
     shard_status = data_pb2.GetShardReply.SHARD
+    steps = phase.steps
+    progress = ProgressStream(client)
 
-    def round_trip() -> None:
+    def take() -> tuple[int, int]:
         reply = client.get_shard(dataset, wait_ms=0)
         if reply.status != shard_status:
             raise RuntimeError(f"get_shard answered status {reply.status}, not SHARD")
-        shard = reply.shard
-        client.report_progress(dataset, [(shard.shard_id, shard.end - shard.start)])
+        return reply.shard.shard_id, reply.shard.end - reply.shard.start
 
-    return round_trip, client.close
+    def worker() -> None:
+        shard_id, size = take()
+        for step in range(1, steps + 1):
+            progress.send(dataset, [(shard_id, size * step // steps)])
 
+    def unary() -> None:
+        shard_id, size = take()
+        client.report_progress(dataset, [(shard_id, size)])
 
-def _echo_round_trip(phase: Phase, rank: int, node_id: int) -> tuple[Callable, Callable]:
-    import grpc
+    def close() -> float:
+        start = time.monotonic()
+        try:
+            progress.close(timeout=RESULT_GRACE_S)
+            return time.monotonic() - start
+        finally:
+            client.close()
 
-    from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
-
-    # The same channel options, metadata and deadline as MasterClient uses.
-    channel = grpc.insecure_channel(
-        phase.addr,
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", 10_000),
-        ],
-    )
-    grpc.channel_ready_future(channel).result(timeout=CLIENT_READY_TIMEOUT_S)
-    get_shard = channel.unary_unary(f"/{ECHO_SERVICE}/GetShard")
-    report = channel.unary_unary(f"/{ECHO_SERVICE}/ReportProgress")
-    metadata = ((TOKEN_METADATA_KEY, phase.token),)
-
-    def round_trip() -> None:
-        get_shard(ECHO_PAYLOAD, timeout=CALL_TIMEOUT_S, metadata=metadata)
-        report(ECHO_PAYLOAD, timeout=CALL_TIMEOUT_S, metadata=metadata)
-
-    return round_trip, channel.close
+    return (worker if phase.mode == "worker" else unary), close
 
 
 class _ClientThread(threading.Thread):
@@ -230,12 +279,12 @@ class _ClientThread(threading.Thread):
         self.ready = ready
         self.start_at = 0.0  # set by the process before the barrier's second round
         self.latencies = array("d")  # seconds, of round trips ending inside the window
+        self.drain = 0.0  # seconds the progress stream took to flush after the window
         self.error = ""
 
     def run(self) -> None:
-        make = _master_round_trip if self.phase.kind == "master" else _echo_round_trip
         try:
-            round_trip, close = make(self.phase, self.rank, self.node_id)
+            round_trip, close = _round_trip(self.phase, self.rank, self.node_id)
         except Exception as e:
             self.error = f"client {self.rank}: cannot connect: {e!r}"
             self.ready.abort()
@@ -249,7 +298,10 @@ class _ClientThread(threading.Thread):
         except Exception as e:
             self.error = f"client {self.rank}: {e!r}"
         finally:
-            close()
+            try:
+                self.drain = close()
+            except Exception as e:
+                self.error = self.error or f"client {self.rank}: flushing progress: {e!r}"
 
     def _loop(self, round_trip: Callable[[], None]) -> None:
         # time.monotonic is CLOCK_MONOTONIC on Linux: one clock for every process of the machine.
@@ -296,7 +348,7 @@ def _run_phase(conn: multiprocessing.connection.Connection, phase: Phase) -> Non
     latencies = array("d")
     for t in threads:
         latencies.extend(t.latencies)
-    conn.send(("done", latencies.tobytes()))
+    conn.send(("done", latencies.tobytes(), max(t.drain for t in threads)))
 
 
 def _client_main(conn: multiprocessing.connection.Connection) -> None:
@@ -330,6 +382,7 @@ class Figures:
     # CPU the machine used outside the server and client processes (other work, unattributed
     # kernel time); 100 = one core.
     other_cpu_pct: float
+    drain_ms: float  # worker mode: the slowest client's progress-stream flush after the window
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -434,6 +487,8 @@ def run_phase(
     server: _Child,
     client_procs: list[_Child],
     kind: str,
+    mode: str,
+    steps: int,
     addr: str,
     token: str,
     dataset: str,
@@ -445,7 +500,9 @@ def run_phase(
     shares = [clients[i :: len(client_procs)] for i in range(len(client_procs))]
     busy = [(proc, share) for proc, share in zip(client_procs, shares, strict=True) if share]
     for proc, share in busy:
-        proc.conn.send(Phase(kind, addr, token, dataset, tuple(share), warmup, seconds))
+        proc.conn.send(
+            Phase(kind, mode, steps, addr, token, dataset, tuple(share), warmup, seconds)
+        )
     for proc, _ in busy:
         proc.recv(CLIENT_READY_TIMEOUT_S + 5, f"connecting {kind} clients")
     start_at = time.monotonic() + START_MARGIN_S
@@ -459,10 +516,12 @@ def run_phase(
     cpu1 = meter.sample()
     server_cpu, client_cpu, other_cpu = (b - a for a, b in zip(cpu0, cpu1, strict=True))
     latencies = array("d")
+    drain = 0.0
     wait = START_MARGIN_S + warmup + seconds + RESULT_GRACE_S
     for proc, _ in busy:
         msg = proc.recv(wait, f"running {kind} round trips")
         latencies.frombytes(msg[1])
+        drain = max(drain, msg[2])
     values = sorted(latencies)
     return Figures(
         round_trips_per_s=len(values) / seconds,
@@ -472,6 +531,7 @@ def run_phase(
         server_cpu_us=server_cpu / max(1, len(values)) * 1e6,
         client_cpu_us=client_cpu / max(1, len(values)) * 1e6,
         other_cpu_pct=max(0.0, other_cpu) / seconds * 100,
+        drain_ms=drain * 1000,
     )
 
 
@@ -479,80 +539,107 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def build_results(measured: dict[int, tuple[Figures, Figures]]) -> dict:
-    """The JSON document: one entry per client count, and whether the 64-client target is met."""
+def _figures(f: Figures) -> dict:
+    return {
+        "round_trips_per_s": round(f.round_trips_per_s, 1),
+        "p50_ms": round(f.p50_ms, 3),
+        "p99_ms": round(f.p99_ms, 3),
+        "server_cpu_us_per_rt": round(f.server_cpu_us, 1),
+        "client_cpu_us_per_rt": round(f.client_cpu_us, 1),
+        "drain_ms": round(f.drain_ms, 1),
+    }
+
+
+def build_results(
+    measured: dict[int, dict[tuple[str, str], Figures]], steps: int, modes: list[str]
+) -> dict:
+    """The JSON document: per client count, master and echo figures of each mode, and whether
+    the 64-client target is met (by the worker mode: what real workers do)."""
     results = []
-    for n, (ours, echo) in measured.items():
+    for n, by in measured.items():
         ref = DLROVER_REF.get(n)
-        results.append(
-            {
-                "clients": n,
-                "round_trips_per_s": round(ours.round_trips_per_s, 1),
-                "p50_ms": round(ours.p50_ms, 3),
-                "p99_ms": round(ours.p99_ms, 3),
-                "echo_round_trips_per_s": round(echo.round_trips_per_s, 1),
-                "echo_p50_ms": round(echo.p50_ms, 3),
-                "echo_p99_ms": round(echo.p99_ms, 3),
-                "ratio_to_echo": _ratio(ours.round_trips_per_s, echo.round_trips_per_s),
-                "ratio_to_dlrover_ref": _ratio(ours.round_trips_per_s, ref[0]) if ref else None,
-                "server_cpu_us_per_rt": round(ours.server_cpu_us, 1),
-                "client_cpu_us_per_rt": round(ours.client_cpu_us, 1),
-                "echo_server_cpu_us_per_rt": round(echo.server_cpu_us, 1),
-                "echo_client_cpu_us_per_rt": round(echo.client_cpu_us, 1),
-                "other_load_cpu_pct": round(max(ours.other_cpu_pct, echo.other_cpu_pct), 1),
-            }
-        )
+        entry: dict = {"clients": n}
+        for mode in modes:
+            ours, echo = by[("master", mode)], by[("echo", mode)]
+            entry[mode] = _figures(ours)
+            entry[f"echo_{mode}"] = _figures(echo)
+            entry[f"{mode}_ratio_to_echo"] = _ratio(ours.round_trips_per_s, echo.round_trips_per_s)
+            entry[f"{mode}_ratio_to_dlrover_ref"] = (
+                _ratio(ours.round_trips_per_s, ref[0]) if ref else None
+            )
+        entry["other_load_cpu_pct"] = round(max(f.other_cpu_pct for f in by.values()), 1)
+        results.append(entry)
     target = measured.get(TARGET_CLIENTS)
     met = bool(
         target
-        and target[0].round_trips_per_s >= TARGET_RATIO * DLROVER_REF[TARGET_CLIENTS][0]
-        and target[0].p99_ms < TARGET_P99_MS
+        and "worker" in modes
+        and target[("master", "worker")].round_trips_per_s
+        >= TARGET_RATIO * DLROVER_REF[TARGET_CLIENTS][0]
+        and target[("master", "worker")].p99_ms < TARGET_P99_MS
     )
-    return {"benchmark": "sharding", "results": results, "target_met_64": met}
+    return {
+        "benchmark": "sharding",
+        "steps_per_shard": steps,
+        "modes": modes,
+        "results": results,
+        "target_met_64": met,
+    }
 
 
 def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
     w = out.write
+    steps = doc["steps_per_shard"]
     w(
-        f"\nshard round trips (get_shard + report_progress), {seconds:g}s per phase, "
-        f"{CLIENT_PROCESSES} client processes, loopback gRPC, {os.cpu_count()} cores\n\n"
+        f"\nshard round trips, {seconds:g}s per phase, {CLIENT_PROCESSES} client processes "
+        f"(a connection per client), loopback gRPC, {os.cpu_count()} cores\n"
+        f"worker: get_shard + {steps} progress message(s) per shard on the progress stream "
+        "(what ShardedDataset does)\n"
+        "unary:  get_shard + report_progress (two unary calls)\n\n"
     )
     head = (
-        f"{'clients':>7} | {'master rt/s':>11} {'p50 ms':>7} {'p99 ms':>7} | "
-        f"{'echo rt/s':>10} {'p50 ms':>7} {'p99 ms':>7} | {'x echo':>6} | "
+        f"{'clients':>7} | {'mode':>6} | {'master rt/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'drain ms':>8} | {'echo rt/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'x echo':>6} | "
         f"{'DLRover ref rt/s':>16} {'ref p99':>7} {'x ref':>6}"
     )
     w(head + "\n" + "-" * len(head) + "\n")
     for r in doc["results"]:
         ref = DLROVER_REF.get(r["clients"])
-        ref_cols = (
-            f"{ref[0]:>16,.0f} {ref[1]:>7g} {r['ratio_to_dlrover_ref']:>5.2f}x"
-            if ref
-            else f"{'-':>16} {'-':>7} {'-':>6}"
-        )
-        w(
-            f"{r['clients']:>7} | {r['round_trips_per_s']:>11,.0f} {r['p50_ms']:>7.2f} "
-            f"{r['p99_ms']:>7.2f} | {r['echo_round_trips_per_s']:>10,.0f} "
-            f"{r['echo_p50_ms']:>7.2f} {r['echo_p99_ms']:>7.2f} | {r['ratio_to_echo']:>5.2f}x | "
-            f"{ref_cols}\n"
-        )
+        for mode in doc["modes"]:
+            ours, echo = r[mode], r[f"echo_{mode}"]
+            ratio = r[f"{mode}_ratio_to_dlrover_ref"]
+            ref_cols = (
+                f"{ref[0]:>16,.0f} {ref[1]:>7g} {ratio:>5.2f}x"
+                if ref
+                else f"{'-':>16} {'-':>7} {'-':>6}"
+            )
+            drain = f"{ours['drain_ms']:>8.1f}" if mode == "worker" else f"{'-':>8}"
+            w(
+                f"{r['clients']:>7} | {mode:>6} | {ours['round_trips_per_s']:>11,.0f} "
+                f"{ours['p50_ms']:>7.2f} {ours['p99_ms']:>7.2f} {drain} | "
+                f"{echo['round_trips_per_s']:>9,.0f} {echo['p50_ms']:>7.2f} "
+                f"{echo['p99_ms']:>7.2f} | {r[f'{mode}_ratio_to_echo']:>5.2f}x | {ref_cols}\n"
+            )
     w(
-        "\n'echo': two trivial unary calls per round trip on a bare gRPC server, same thread "
-        "pool and client layout,\nmeasured in this run: the transport-only ceiling.\n"
-        "'DLRover ref': DLRover 0.6.1 figures from the issue, measured earlier on this machine "
-        "with its own client;\nNOT measured in this run.\n\n"
+        "\n'echo': the same clients against the Master service's shard methods on a bare gRPC "
+        "server (same thread pool)\nanswering pre-encoded replies: the transport-only ceiling, "
+        "measured in this run.\n'drain': time to flush the progress streams after the window "
+        "(the master applies every report).\n'DLRover ref': DLRover 0.6.1 figures from the "
+        "issue (get + report per shard), measured earlier on this\nmachine with its own client; "
+        "NOT measured in this run.\n\n"
     )
     head = (
-        f"{'clients':>7} | {'CPU us per round trip: master':>29} {'clients':>7} | "
+        f"{'clients':>7} | {'mode':>6} | {'CPU us per round trip: master':>29} {'clients':>7} | "
         f"{'echo server':>11} {'clients':>7} | {'other load %CPU':>15}"
     )
     w(head + "\n" + "-" * len(head) + "\n")
     for r in doc["results"]:
-        w(
-            f"{r['clients']:>7} | {r['server_cpu_us_per_rt']:>29,.0f} "
-            f"{r['client_cpu_us_per_rt']:>7,.0f} | {r['echo_server_cpu_us_per_rt']:>11,.0f} "
-            f"{r['echo_client_cpu_us_per_rt']:>7,.0f} | {r['other_load_cpu_pct']:>15.0f}\n"
-        )
+        for mode in doc["modes"]:
+            ours, echo = r[mode], r[f"echo_{mode}"]
+            w(
+                f"{r['clients']:>7} | {mode:>6} | {ours['server_cpu_us_per_rt']:>29,.0f} "
+                f"{ours['client_cpu_us_per_rt']:>7,.0f} | {echo['server_cpu_us_per_rt']:>11,.0f} "
+                f"{echo['client_cpu_us_per_rt']:>7,.0f} | {r['other_load_cpu_pct']:>15.0f}\n"
+            )
     worst = max((r["other_load_cpu_pct"] for r in doc["results"]), default=0.0)
     if worst > OTHER_LOAD_WARN_PCT:
         w(
@@ -564,7 +651,7 @@ def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
     measured = any(r["clients"] == TARGET_CLIENTS for r in doc["results"])
     verdict = ("MET" if doc["target_met_64"] else "NOT MET") if measured else "not measured (no 64)"
     w(
-        f"target at {TARGET_CLIENTS} clients: >= {ref_tp:,.0f} rt/s "
+        f"target at {TARGET_CLIENTS} clients (worker mode): >= {ref_tp:,.0f} rt/s "
         f"({TARGET_RATIO:g}x DLRover ref) and p99 < {TARGET_P99_MS:g} ms: {verdict}\n\n"
     )
     out.flush()
@@ -575,6 +662,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,16,64", help="comma-separated client counts")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per phase")
+    p.add_argument(
+        "--steps-per-shard",
+        type=int,
+        default=1,
+        help="worker mode: progress messages per shard (a real worker sends one per step)",
+    )
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: worker, unary (both)")
     p.add_argument("--json-only", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
     try:
@@ -585,6 +679,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--clients: every count must be between 1 and {WORKER_REPLICAS}")
     if args.seconds <= 0 or args.warmup < 0:
         p.error("--seconds must be > 0 and --warmup >= 0")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or not set(args.modes) <= set(MODES):
+        p.error(f"--modes: {args.modes!r}: choose among {', '.join(MODES)}")
+    if not 1 <= args.steps_per_shard <= RECORDS_PER_SHARD:
+        p.error(f"--steps-per-shard must be between 1 and {RECORDS_PER_SHARD}")
     return args
 
 
@@ -603,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # so the finally below always runs
     ctx = multiprocessing.get_context("spawn")
     children: list[_Child] = []
-    measured: dict[int, tuple[Figures, Figures]] = {}
+    measured: dict[int, dict[tuple[str, str], Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sharding-") as tmp:
         try:
             master = _Child(ctx, "master", _server_main, "master", tmp)
@@ -620,57 +719,47 @@ def main(argv: list[str] | None = None) -> int:
             log.info("master pid %d at %s, echo pid %d", master.proc.pid, addr, echo.proc.pid)
             for n in args.clients:
                 clients = list(enumerate(node_ids[:n]))
-                dataset = f"bench-{n}-clients"
-                _create_dataset(addr, token, node_ids[0], dataset)
-                ours = run_phase(
-                    master,
-                    client_procs,
-                    "master",
-                    addr,
-                    token,
-                    dataset,
-                    clients,
-                    args.warmup,
-                    args.seconds,
-                )
-                log.info(
-                    "%2d clients, master: %7.0f rt/s, p50 %.2f ms, p99 %.2f ms, "
-                    "CPU us/rt server %.0f clients %.0f, other load %.0f%%",
-                    n,
-                    ours.round_trips_per_s,
-                    ours.p50_ms,
-                    ours.p99_ms,
-                    ours.server_cpu_us,
-                    ours.client_cpu_us,
-                    ours.other_cpu_pct,
-                )
-                base = run_phase(
-                    echo,
-                    client_procs,
-                    "echo",
-                    echo_addr,
-                    token,
-                    "",
-                    clients,
-                    args.warmup,
-                    args.seconds,
-                )
-                log.info(
-                    "%2d clients, echo:   %7.0f rt/s, p50 %.2f ms, p99 %.2f ms, "
-                    "CPU us/rt server %.0f clients %.0f, other load %.0f%%",
-                    n,
-                    base.round_trips_per_s,
-                    base.p50_ms,
-                    base.p99_ms,
-                    base.server_cpu_us,
-                    base.client_cpu_us,
-                    base.other_cpu_pct,
-                )
-                measured[n] = (ours, base)
+                by: dict[tuple[str, str], Figures] = {}
+                for mode in args.modes:
+                    dataset = f"bench-{n}-clients-{mode}"
+                    _create_dataset(addr, token, node_ids[0], dataset)
+                    for kind, server, server_addr in (
+                        ("master", master, addr),
+                        ("echo", echo, echo_addr),
+                    ):
+                        f = run_phase(
+                            server,
+                            client_procs,
+                            kind,
+                            mode,
+                            args.steps_per_shard,
+                            server_addr,
+                            token,
+                            dataset,
+                            clients,
+                            args.warmup,
+                            args.seconds,
+                        )
+                        log.info(
+                            "%2d clients, %-6s %-6s: %7.0f rt/s, p50 %.2f ms, p99 %.2f ms, "
+                            "drain %.0f ms, CPU us/rt server %.0f clients %.0f, other load %.0f%%",
+                            n,
+                            mode,
+                            kind,
+                            f.round_trips_per_s,
+                            f.p50_ms,
+                            f.p99_ms,
+                            f.drain_ms,
+                            f.server_cpu_us,
+                            f.client_cpu_us,
+                            f.other_cpu_pct,
+                        )
+                        by[(kind, mode)] = f
+                measured[n] = by
         finally:
             for child in reversed(children):
                 child.stop()
-    doc = build_results(measured)
+    doc = build_results(measured, args.steps_per_shard, args.modes)
     if not args.json_only:
         print_table(doc, args.seconds)
     print(json.dumps(doc), flush=True)
