@@ -247,14 +247,14 @@ def _hot_ps(cfg: AutoscaleSpec, st: ScalerState, obs: Observation) -> Decision |
         if cpu_hot and cfg.ps_max_cpu > p.cpu_cores:
             cpu = min(cfg.ps_max_cpu, p.cpu_cores * cfg.ps_growth)
             why.append(
-                f"CPU-bound ({100 * min(c for c, _ in window):.0f}%+ of {p.cpu_cores:g} cores "
-                f"for {len(window)} samples)"
+                f"CPU-bound (its {p.cpu_cores:g} cores at least "
+                f"{100 * min(c for c, _ in window):.0f}% busy over {len(window)} samples)"
             )
         if mem_hot and cfg.ps_max_memory_mb > p.memory_limit_mb:
             memory_mb = min(cfg.ps_max_memory_mb, math.ceil(p.memory_limit_mb * cfg.ps_growth))
             why.append(
                 f"memory-bound ({p.memory_rss_mb:,.0f} of {p.memory_limit_mb:,.0f} MB, "
-                f"{100 * min(m for _, m in window):.0f}%+ for {len(window)} samples)"
+                f"at least {100 * min(m for _, m in window):.0f}% over {len(window)} samples)"
             )
         if not why:
             continue
@@ -316,10 +316,10 @@ def brain_hint(brain: Any, spec: Any) -> tuple[int, str]:
 class ProcessProbe:
     """CPU and resident memory of local node processes, read by the master itself (psutil),
     for nodes that send no heartbeat stats. Only a platform that hands out pids (local) has
-    processes here to read."""
+    processes here to read; a node is its process-group leader and everything below it."""
 
     def __init__(self) -> None:
-        self._procs: dict[int, Any] = {}  # node id -> psutil.Process
+        self._procs: dict[int, dict[int, Any]] = {}  # node id -> pid -> psutil.Process
 
     def sample(self, node_id: int, pid: int) -> tuple[float, int] | None:
         """(CPU percent since the previous sample, RSS bytes), or None (first look, or gone)."""
@@ -327,16 +327,26 @@ class ProcessProbe:
 
         if pid <= 0:
             return None
-        proc = self._procs.get(node_id)
+        known = self._procs.get(node_id)
         try:
-            if proc is None or proc.pid != pid:
-                proc = self._procs[node_id] = psutil.Process(pid)
-                proc.cpu_percent(interval=None)  # primes the counter: the next call measures
-                return None
-            return proc.cpu_percent(interval=None), proc.memory_info().rss
+            leader = known[pid] if known and pid in known else psutil.Process(pid)
+            tree = {pid: leader}
+            for child in leader.children(recursive=True):
+                tree[child.pid] = known.get(child.pid, child) if known else child
         except psutil.Error:
             self._procs.pop(node_id, None)
             return None
+        cpu, rss = 0.0, 0
+        for p_id, proc in tree.items():
+            try:
+                percent = proc.cpu_percent(interval=None)  # since its previous call; 0 at first
+                if known and p_id in known:
+                    cpu += percent
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        self._procs[node_id] = tree
+        return (cpu, rss) if known else None
 
 
 class AutoscaleExecutor:

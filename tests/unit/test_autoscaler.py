@@ -215,7 +215,9 @@ def test_cpu_bound_ps_is_migrated_with_more_cpu_up_to_its_budget():
             cores = d.cpu
     # 2 -> 3 cores (x1.5), then 3 -> 4 (ps_max_cpu), then no more; each after a settle + window.
     assert [(t, cpu) for t, cpu, _ in moves] == [(7, 3.0), (14, 4.0)]
-    assert moves[0][2] == "ps-0 is CPU-bound (95%+ of 2 cores for 3 samples): moving it to 3 CPU"
+    assert moves[0][2] == (
+        "ps-0 is CPU-bound (its 2 cores at least 95% busy over 3 samples): moving it to 3 CPU"
+    )
 
 
 def test_ps_migration_respects_ps_max_and_total_budget():
@@ -266,7 +268,7 @@ def test_ps_migration_respects_ps_max_and_total_budget():
             assert d.action == NONE, (t, d)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     capacity=st.integers(1, 10),
     max_workers=st.integers(1, 10),
@@ -277,7 +279,7 @@ def test_ps_migration_respects_ps_max_and_total_budget():
 def test_never_flaps_and_never_leaves_the_limits(capacity, max_workers, start, noise, gain):
     cfg = dataclasses.replace(CFG, max_workers=max_workers, marginal_gain=gain)
     start = min(start, max_workers)
-    counts, decisions, _ = run(cfg, saturating(capacity), start=start, seconds=300, noise=noise)
+    counts, decisions, _ = run(cfg, saturating(capacity), start=start, seconds=150, noise=noise)
     assert all(1 <= c <= max_workers for c in counts)
     steps = [b - a for a, b in zip(counts, counts[1:], strict=False)]
     assert all(abs(s) == 1 for s in steps)
@@ -399,21 +401,32 @@ def test_brain_history_gives_the_starting_count(tmp_path):
 
 
 def test_process_probe_reads_a_local_process_without_heartbeats():
+    import os
+    import signal
     import subprocess
     import sys
     import time
 
+    import psutil
+
     from master.autoscaler import ProcessProbe
 
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # A wrapper whose child does the work, as a node's process group often is.
+    busy = subprocess.Popen(
+        ["sh", "-c", f"'{sys.executable}' -c 'while True: pass'; :"], start_new_session=True
+    )
     probe = ProcessProbe()
     try:
-        assert probe.sample(7, busy.pid) is None  # the first look primes the CPU counter
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not psutil.Process(busy.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probe.sample(7, busy.pid) is None  # the first look primes the CPU counters
+        time.sleep(1.0)
         cpu, rss = probe.sample(7, busy.pid)
-        assert cpu > 10.0 and rss > 1_000_000
+        # The child's CPU counts (the shell itself is idle); a loaded machine gives it less.
+        assert cpu > 2.0 and rss > 1_000_000
     finally:
-        busy.kill()
+        os.killpg(busy.pid, signal.SIGKILL)
         busy.wait()
     assert probe.sample(7, busy.pid) is None  # gone
     assert probe.sample(8, 0) is None  # no pid: not a local process
