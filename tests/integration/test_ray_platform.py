@@ -370,3 +370,42 @@ def test_killed_ray_master_is_restarted_and_adopts_every_node_actor(ray_address,
     assert len(restarted) == 1 and "adopted 2 running nodes" in restarted[0]["message"]
     counts = trained_counts(tmp_path)
     assert counts.min() == 2 and counts.max() == 2  # nothing lost, nothing trained twice
+
+
+@pytest.mark.slow  # a whole job with a master restart by Ray
+def test_master_actor_killed_mid_job_is_restarted_by_ray(ray_address, tmp_path):
+    """`submit --master-actor`: the master runs in a detached actor with max_restarts; the
+    master SIGKILLs itself at 40%, its actor exits, Ray restarts it, and the new master
+    resumes: the same node actors, none relaunched."""
+    from tests.integration.test_master_restart import _submit_streaming, _summary
+
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.01"})
+    rc, out = _submit_streaming(
+        job,
+        tmp_path,
+        "--platform",
+        "ray",
+        "--ray-address",
+        ray_address,
+        "--master-actor",
+        "--kill",
+        "master:0@40%",
+        timeout=300,
+    )
+    log = (tmp_path / "run" / "master.log").read_text()
+    assert rc == 0, out + log[-3000:]
+    assert "restarted=True" in log  # the second master ran in Ray's restart of the actor
+    summary = _summary(tmp_path)
+    assert summary["status"] == "succeeded"
+    nodes = [(n["type"], n["rank"], n["relaunches"], n["exit_reason"]) for n in summary["nodes"]]
+    assert nodes == [("worker", 0, 0, "succeeded"), ("worker", 1, 0, "succeeded")]
+    restarted = [e for e in summary["events"] if e["kind"] == "master_restarted"]
+    assert len(restarted) == 1 and "adopted 2 running nodes" in restarted[0]["message"]
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2 and counts.max() == 2
+    import ray
+
+    # The job's detached actors are gone with it.
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert not {"dlrover-job-anchor", "dlrover-master"} & names, names
+    assert "master actor died; Ray restarts it" in out or "restarted=True" in log
