@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 LEDGER_TABLE = "ledger"
 LEASE_TABLE = "ledger_lease"
 SNAPSHOT_TABLE = "ledger_snapshot"
+# Lease rows one write may change: below etcd's default of 128 operations per transaction.
+MAX_LEASE_ROWS_PER_WRITE = 100
 DEFAULT_FLUSH_SECONDS = 0.2
 
 
@@ -316,11 +318,20 @@ class ShardingService:
                 ledger = entry.ledger
                 touched = ledger.take_touched()
                 rewrite_all = entry.rewrite_all
-                if rewrite_all:
-                    touched |= entry.stored | ledger.doing_ids()
+                rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
+                if len(rows) <= MAX_LEASE_ROWS_PER_WRITE:
+                    head = ledger.head()
+                    leases = {sid: ledger.lease_record(sid) for sid in rows}
                     entry.rewrite_all = False
-                head = ledger.head()
-                leases = {sid: ledger.lease_record(sid) for sid in touched}
+                else:
+                    # Too many rows for one transaction (etcd caps its ops): the whole ledger
+                    # goes in the head row, which a restarted master reads without the lease
+                    # rows; those are stale now, so a later small write rewrites them all, and
+                    # meanwhile each write drops a batch of rows of shards no longer held.
+                    head = ledger.snapshot()
+                    stale = sorted(entry.stored - ledger.doing_ids())
+                    leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
+                    entry.rewrite_all = True
             name = head["spec"]["name"]
             try:
                 with self._store.transaction():
@@ -336,7 +347,7 @@ class ShardingService:
                 with entry.cond:
                     if entry.ledger is ledger:
                         ledger.retouch(touched)
-                    entry.rewrite_all |= rewrite_all or entry.ledger is not ledger
+                    entry.rewrite_all = rewrite_all or entry.ledger is not ledger
                 raise
             for sid, record in leases.items():
                 if record is None:

@@ -167,3 +167,29 @@ def test_restoring_a_snapshot_drops_the_rows_of_shards_it_gives_back(path: Path)
     assert ledger.holders() == set()
     assert ledger.next_shard_id == 3  # ids handed out before the restore are never reused
     svc.close()
+
+
+def test_a_write_of_too_many_rows_stores_the_whole_ledger_instead(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import master.sharding.service as service
+
+    monkeypatch.setattr(service, "MAX_LEASE_ROWS_PER_WRITE", 3)
+    store = SQLiteStateStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    shards = {h: svc.get_shard("ds", holder=h, request_id=1).shard for h in range(5)}
+    assert len(store.scan(LEASE_TABLE)) == 5  # one row per grant so far
+    svc.restore_snapshot("ds", 0)  # gives back all five: five rows to drop, over the limit
+    head = json.loads(store.get(LEDGER_TABLE, "ds"))
+    assert head["doing"] == []  # the whole ledger, in the head row
+    assert len(store.scan(LEASE_TABLE)) == 2  # three stale rows dropped in the same write
+    assert reopened(path)._datasets["ds"].ledger.holders() == set()
+
+    again = svc.get_shard("ds", holder=9, request_id=2).shard  # rows: 2 stale + 1 held
+    assert "doing" not in json.loads(store.get(LEDGER_TABLE, "ds"))  # small again
+    rows = store.scan(LEASE_TABLE)
+    assert [json.loads(v)["shard_id"] for v in rows.values()] == [again.shard_id]
+    assert again.start == shards[0].start  # the given-back records are served first
+    assert reopened(path)._datasets["ds"].ledger.held_by(9) == [again]
+    svc.close()
