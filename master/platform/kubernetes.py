@@ -312,7 +312,10 @@ class KubernetesPlatform(Platform):
             return
         self._closed = True
         with self._lock:
-            live = [r for r in self._records.values() if not r.reported and r.created_at]
+            # created_at is 0.0 for adopted pods: they are stopped too.
+            live = [
+                r for r in self._records.values() if not r.reported and r.created_at is not None
+            ]
             for r in live:
                 r.kill_signal = r.kill_signal or int(signal.SIGTERM)
         for r in live:

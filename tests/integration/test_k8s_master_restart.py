@@ -270,3 +270,49 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
     store.put(JOB_TABLE, "status", json.dumps({"state": "failed", "reason": "x"}).encode())
     store.close()
     assert _restartable_master(spec, args, cfg)[:2] == (False, "failed")
+
+
+def test_adopt_finds_each_pod_by_name_and_uid_and_reports_what_ended_unwatched(api, tmp_path):
+    """The platform alone: a new instance adopts a running pod, reports one that failed and
+    one that was replaced by a namesake while no master watched, and stops the adopted one."""
+    from master.platform.kubernetes import KubernetesPlatform
+    from tests.integration.test_k8s_platform import launch_spec, make_platform
+
+    owner = api.create("configmaps", {"metadata": {"name": "owner"}})
+    token = tmp_path / ".job_token"
+    token.write_text("t")
+    old = make_platform(api, owner)
+    specs = [launch_spec("worker", r, r + 1, str(token)) for r in range(3)]
+    for spec in specs:
+        old.launch(spec)
+        api.kubelet.run(old.pod_name_of(spec.id))
+    handles = {spec.id: old.handle(spec.id) for spec in specs}
+    assert all(h["uid"] for h in handles.values())
+    old._stop_watch()  # the master process is gone: nobody watches
+
+    api.kubelet.exit(handles[2]["pod"], 1, message="boom")
+    # worker-2's pod is deleted and someone makes another pod of that name (a namesake).
+    namesake = api.pod(handles[3]["pod"])
+    api.delete("pods", handles[3]["pod"], grace_seconds=0)
+    api.create("pods", {"metadata": namesake["metadata"] | {"uid": ""}, "spec": namesake["spec"]})
+
+    new: KubernetesPlatform = make_platform(api, owner)
+    try:
+        for spec in specs:
+            new.adopt(spec, handles[spec.id])
+        ends = {}
+        for _ in range(2):
+            ev = new.events.get(timeout=10)
+            ends[ev.id] = ev
+        assert ends[2].exit_code == 1 and "boom" in ends[2].message
+        assert ends[3].exit_code == -signal.SIGKILL and "while no master watched" in ends[3].message
+        assert new.events.empty()
+        assert new.handle(1) == handles[1]
+        new.shutdown(1)  # stops the adopted pod like its own
+        stopped = new.events.get(timeout=10)
+        assert stopped.id == 1 and stopped.exit_code != 0
+        assert handles[1]["pod"] not in uids(api)
+        assert not api.objects("services") and not api.objects("secrets")
+    finally:
+        new.shutdown(0)
+        old._api.close()  # the old instance is dead: nothing of it acts any more
