@@ -276,7 +276,11 @@ def test_adopt_finds_each_pod_by_name_and_uid_and_reports_what_ended_unwatched(a
     """The platform alone: a new instance adopts a running pod, reports one that failed and
     one that was replaced by a namesake while no master watched, and stops the adopted one."""
     from master.platform.kubernetes import KubernetesPlatform
-    from tests.integration.test_k8s_platform import launch_spec, make_platform
+    from tests.integration.test_k8s_platform import (
+        assert_allowed_by_master_role,
+        launch_spec,
+        make_platform,
+    )
 
     owner = api.create("configmaps", {"metadata": {"name": "owner"}})
     token = tmp_path / ".job_token"
@@ -313,6 +317,7 @@ def test_adopt_finds_each_pod_by_name_and_uid_and_reports_what_ended_unwatched(a
         assert stopped.id == 1 and stopped.exit_code != 0
         assert handles[1]["pod"] not in uids(api)
         assert not api.objects("services") and not api.objects("secrets")
+        assert_allowed_by_master_role(api)  # adopting needs no verb beyond the master's role
     finally:
         new.shutdown(0)
         old._api.close()  # the old instance is dead: nothing of it acts any more
