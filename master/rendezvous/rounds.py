@@ -136,6 +136,8 @@ class RoundStateMachine:
     _departed: set[NodeKey] = field(default_factory=set)  # members that left gracefully
     _last_join: float = 0.0
     _seq: int = 0
+    # Bumped by every change snapshot() would show (not by lease renewals): what to persist.
+    version: int = 0
 
     # -- calls from nodes ---------------------------------------------------
 
@@ -155,6 +157,7 @@ class RoundStateMachine:
         self._ids[p.key] = p.id
         self._seen[p.key] = now
         self._departed.discard(p.key)
+        self.version += 1
         return self.number + 1
 
     def wait_status(self, key: NodeKey, node_id: int, round_number: int) -> WaitResult:
@@ -215,6 +218,7 @@ class RoundStateMachine:
         self._seen.pop(key, None)
         if self._is_member(key):
             self._departed.add(key)
+        self.version += 1
 
     def lose(self, key: NodeKey, node_id: int) -> None:
         """The master saw this incarnation die: lost now, not when its lease runs out."""
@@ -223,6 +227,7 @@ class RoundStateMachine:
 
     def set_closed(self) -> None:
         self.closed = True
+        self.version += 1
 
     # -- time ---------------------------------------------------------------
 
@@ -253,6 +258,7 @@ class RoundStateMachine:
             )
 
     def _expire(self, key: NodeKey) -> None:
+        self.version += 1
         self._seen.pop(key, None)
         entry = self._joining.pop(key, None)
         if self._is_member(key) and key not in self._departed:
@@ -299,6 +305,7 @@ class RoundStateMachine:
         for member in members:
             del self._joining[member.key]
         self.number += 1
+        self.version += 1
         self.current = Round(self.number, members)
         self._lost = set()
         self._departed = set()

@@ -60,7 +60,7 @@ class RendezvousService:
         self._on_round = on_round  # told of every round that closes (job events)
         self._cond = threading.Condition()
         self._runs: dict[str, RoundStateMachine] = {}
-        self._saved: dict[str, bytes] = {}  # the last record written per run
+        self._saved: dict[str, int] = {}  # per run, the version of the last record written
         # Until resume(): the nodes of the loaded rounds are not known to the job yet.
         self._resuming = False
         if store is not None:
@@ -68,7 +68,7 @@ class RendezvousService:
             for run_id, raw in store.scan(TABLE).items():
                 run = RoundStateMachine.restore(json.loads(raw), now)
                 self._runs[run_id] = run
-                self._saved[run_id] = raw
+                self._saved[run_id] = run.version
                 self._resuming = self._resuming or run.in_progress
                 log.info(
                     "rendezvous %r loaded at round %d: %d member(s), %d waiting%s",
@@ -244,14 +244,12 @@ class RendezvousService:
 
     def _save(self, run_id: str, run: RoundStateMachine) -> None:
         """Write the run's record if it changed since the last write (called under the lock)."""
-        if self._store is None:
+        if self._store is None or self._saved.get(run_id) == run.version:
             return
         raw = json.dumps(run.snapshot(), sort_keys=True).encode()
-        if self._saved.get(run_id) == raw:
-            return
         with self._store.transaction():
             self._store.put(TABLE, run_id, raw)
-        self._saved[run_id] = raw
+        self._saved[run_id] = run.version
 
 
 def _check_run_id(run_id: str) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from master.rendezvous.rounds import Participant, RoundConfig, RoundStateMachine, WaitStatus
 from master.rendezvous.service import RESUME_GRACE_SECONDS, TABLE, RendezvousService
 from master.state.sqlite import SQLiteStateStore
@@ -94,3 +97,26 @@ def test_snapshot_round_trips_through_json():
     m.leave(("worker", 1), 101)
     again = RoundStateMachine.restore(json.loads(json.dumps(m.snapshot())), now=5.0)
     assert again.snapshot() == m.snapshot()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("jltxc"), st.integers(0, 3)), max_size=30))
+def test_every_change_a_restarted_master_needs_bumps_the_version(ops):
+    m = RoundStateMachine(RoundConfig(1, 3, last_call_seconds=1.0, lease_seconds=5.0))
+    now = 0.0
+    for op, rank in ops:
+        before, version = m.snapshot(), m.version
+        key = ("worker", rank)
+        now += 0.7
+        if op == "j":
+            m.join(node(rank), now)
+        elif op == "l":
+            m.leave(key, 100 + rank)
+        elif op == "t":
+            m.touch(key, 100 + rank, now)
+        elif op == "x":
+            m.lose(key, 100 + rank)
+        else:
+            m.advance(now)
+        if m.snapshot() != before:
+            assert m.version != version, (op, rank)
