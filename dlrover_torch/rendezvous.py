@@ -15,6 +15,8 @@ address for MASTER_ADDR, default the FQDN). Interface changes since the first ve
   bigger round, a member re-joined, or a member was lost (the rest must re-rendezvous, at a
   smaller size if need be). The agent restarts its workers then without using `max_restarts`.
 - `shutdown()` leaves the rendezvous gracefully: this node's silence is then not a loss.
+- A master restart does not end the round: the watch retries until the new master answers, and
+  that master serves the same round from its state store, so the workers keep running.
 """
 
 from __future__ import annotations
