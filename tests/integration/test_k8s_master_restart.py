@@ -321,3 +321,28 @@ def test_adopt_finds_each_pod_by_name_and_uid_and_reports_what_ended_unwatched(a
     finally:
         new.shutdown(0)
         old._api.close()  # the old instance is dead: nothing of it acts any more
+
+
+def test_fake_server_serves_jobs_like_the_api_server(api):
+    """The fake's Job conventions the tests above rely on (a wrong fake proves nothing)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    batch = client.BatchV1Api(api.api_client())
+    template = {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "m", "image": "i"}]}}
+    policy = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    body = {"metadata": {"name": "j"}, "spec": {"template": template, "podFailurePolicy": policy}}
+    with pytest.raises(ApiException) as e:
+        batch.create_namespaced_job("default", body)
+    assert e.value.status == 422 and "podFailurePolicy" in e.value.body
+    template["spec"]["restartPolicy"] = "Never"
+    job = batch.create_namespaced_job("default", body)
+    uid = job.metadata.uid
+    assert job.spec.template.metadata.labels["controller-uid"] == uid
+    assert job.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}
+    pod = api.jobs.start_pod("j")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+    # A Job deleted without a propagation policy orphans its pods (batch/v1's default).
+    batch.delete_namespaced_job("j", "default")
+    orphan = api.pod(pod["metadata"]["name"])
+    assert orphan["metadata"]["ownerReferences"] == []
