@@ -405,7 +405,7 @@ class AutoscaleExecutor:
         self._last_records = (now, done)
         if self._migration is not None and not self._migration.done():
             busy = "a PS migration is in flight"
-        elif getattr(job.migrator, "_active", None) is not None:
+        elif job.migrator.active is not None:
             busy = "a PS migration is in flight"
         current = job.nodes.all_current()
         running = [n for n in current if n.state == NodeState.RUNNING]

@@ -55,6 +55,7 @@ STREAM_DRAIN_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
+PS_CHANGE_KEY = "ps_change"  # the PS move or count change in progress
 PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
 JOB_TABLE = "job"
@@ -110,7 +111,11 @@ class JobMaster:
         runtime: JobRuntime,
         faults: tuple[Fault, ...] = (),
         on_event: Callable[[JobEvent], None] | None = None,
+        resuming: bool = False,
     ) -> None:
+        # Until the previous instance's nodes are restored, a node's request is answered
+        # "unavailable, retry" rather than "unknown node" (see master.server._guard).
+        self.resuming = resuming
         self.spec = spec
         self.platform = platform
         self.store = store
@@ -161,6 +166,7 @@ class JobMaster:
             self.emit,
             stop_cluster=self._stop_for_ps_change,
             start_cluster=self._start_after_ps_change,
+            save=self._save_ps_change,
         )
 
     # -- public -------------------------------------------------------------
@@ -313,6 +319,8 @@ class JobMaster:
             adopted += 1
         # Torch rendezvous rounds go on with their members (fresh leases from now).
         self.rendezvous.resume()
+        self._resume_ps_change()
+        self.resuming = False
         self._emit(
             "master_restarted",
             f"master restarted (epoch {self.epoch}): adopted {adopted} running nodes, "
@@ -493,14 +501,7 @@ class JobMaster:
         if migration is not None and migration.ps_count:
             return  # stopped for a PS count change, which starts the new cluster itself
         if migration is not None:
-            new = self._launch(
-                node.type, node.rank, node.relaunches, migration.memory_mb, migration.cpu
-            )
-            if self._chief_reports_restores:
-                self._free_held_shards()
-            else:
-                self._rollback_data()  # to the checkpoint made for the migration
-            self.migrator.finished(migration, new)
+            self._complete_move(node, migration)
             return
         if node.type == "ps" and reason != ExitReason.STOPPED and self._training_done_at is None:
             if self._chief_reports_restores:
@@ -820,6 +821,31 @@ class JobMaster:
         if not self.platform.signal_node(node.id, signal.SIGKILL):
             self._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
 
+    def _complete_move(self, old: Node, migration: Any) -> None:
+        """The PS being moved has ended: start its new incarnation with the new resources."""
+        new = self._launch(old.type, old.rank, old.relaunches, migration.memory_mb, migration.cpu)
+        if self._chief_reports_restores:
+            self._free_held_shards()
+        else:
+            self._rollback_data()  # to the checkpoint made for the migration
+        self.migrator.finished(migration, new)
+
+    def _save_ps_change(self, record: dict | None) -> None:
+        """The PS change in progress, so a restarted master carries it on."""
+        if record is None:
+            self.store.delete(JOB_TABLE, PS_CHANGE_KEY)
+        else:
+            self.store.put(JOB_TABLE, PS_CHANGE_KEY, json.dumps(record).encode())
+
+    def _resume_ps_change(self) -> None:
+        raw = self.store.get(JOB_TABLE, PS_CHANGE_KEY)
+        if raw is None:
+            return
+        self.migrator.restore(json.loads(raw))
+        move = self.migrator.settle()
+        if move is not None:
+            self._complete_move(self.nodes.current(move.node_type, move.rank), move)
+
     def _stop_for_ps_change(self, ps_count: int) -> list[Node]:
         """A PS count change, after its checkpoint: stop every PS, the chief and the workers at
         once (they wait at a step boundary); none is relaunched until all have ended."""
@@ -829,33 +855,27 @@ class JobMaster:
             if n.type in CLUSTER_TYPES and n.state == NodeState.RUNNING
         ]
         for node in stopping:
-            node.extra["ps_change"] = ps_count
             self._retire_node(node)
         return stopping
 
     def _start_after_ps_change(self, ps_count: int) -> int:
         """Start the cluster again with `ps_count` PS and a new TF_CONFIG: the chief restores
-        the checkpoint made for the change (re-partitioned by TF's saver), workers follow."""
-        previous = self._replicas["ps"]
-        self._replicas["ps"] = ps_count
-        self.cluster_version += 1
-        self._save_runtime()
-        restart = [
-            n
-            for n in self.nodes.all_current()
-            if n.type in ("chief", "worker")
-            and n.rank < self._replicas[n.type]
-            and n.extra.get("ps_change") == ps_count
-        ]
-        for rank in range(ps_count):
-            old = self.nodes.current("ps", rank)
-            self._launch("ps", rank, old.relaunches if old else 0, old.memory_mb if old else 0)
-        for node in restart:
-            self._launch(node.type, node.rank, node.relaunches, node.memory_mb, node.cpu)
+        the checkpoint made for the change (re-partitioned by TF's saver), workers follow.
+        Idempotent: a restarted master calls it again and starts only what is not running."""
+        if self._replicas["ps"] != ps_count:
+            self._replicas["ps"] = ps_count
+            self.cluster_version += 1
+            self._save_runtime()
+        for node_type in CLUSTER_TYPES:
+            for rank in range(self._replicas[node_type]):
+                old = self.nodes.current(node_type, rank)
+                if old is not None and old.state in (NodeState.RUNNING, NodeState.SUCCEEDED):
+                    continue
+                relaunches = old.relaunches if old else 0
+                memory_mb, cpu = (old.memory_mb, old.cpu) if old else (0, 0.0)
+                self._launch(node_type, rank, relaunches, memory_mb, cpu)
         if not self._chief_reports_restores:
             self._rollback_data()  # to the checkpoint made for the change
-        for rank in range(ps_count, previous):
-            log.info("ps-%d retired: the job now has %d PS", rank, ps_count)
         return self.cluster_version
 
     def _stop_node(self, node: Node) -> None:

@@ -15,6 +15,7 @@ Both start alike: workers pause at a step boundary, then the chief checkpoints a
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 from collections.abc import Callable
@@ -30,6 +31,11 @@ CHECKPOINT_TIMEOUT_SECONDS = 120.0
 # How long workers get to reach a step boundary and pause; past it the checkpoint goes ahead
 # (steps taken meanwhile are trained again after the restore, as without a pause).
 PAUSE_TIMEOUT_SECONDS = 20.0
+# The chief checkpoints at its next step; if it takes none this long, it may be waiting for
+# data the paused workers hold (at the end of an epoch): they go on, so the chief gets data.
+# Their steps meanwhile are in the checkpoint, so nothing is lost; only the one batch in
+# flight per worker is no longer exact.
+CHIEF_STEP_WAIT_SECONDS = 5.0
 MIGRATABLE_TYPES = ("ps",)
 # The nodes a PS count change restarts: those whose TF_CONFIG holds the PS list.
 CLUSTER_TYPES = ("ps", "chief", "worker")
@@ -62,16 +68,25 @@ class _Migration:
     cpu: float
     reason: str
     done: Future
-    phase: str = "queued"  # queued -> pausing -> checkpoint -> stopping
+    phase: str = "queued"  # queued -> pausing -> checkpoint -> stopping (-> starting)
     pause_number: int = 0
     pausing: tuple[str, ...] = ()  # the workers (TYPE-RANK) that must ack the pause
     deadline: float = 0.0
     request_number: int = 0
     checkpoint_step: int = 0
     old_id: int = 0
+    pause_released: bool = False
     ps_count: int = 0  # a count change to this many PS (0: a move of one PS)
     previous_count: int = 0
     stopping: set[int] = field(default_factory=set)  # ids a count change waits to see end
+
+    def record(self) -> dict:
+        """What a restarted master needs to carry the change on (no future, no deadline)."""
+        fields = dataclasses.asdict(
+            dataclasses.replace(self, done=None, stopping=sorted(self.stopping))
+        )
+        del fields["done"], fields["deadline"]
+        return fields
 
 
 class PSMigrator:
@@ -86,6 +101,7 @@ class PSMigrator:
         emit: Callable[..., None],
         stop_cluster: Callable[[int], list[Node]] | None = None,
         start_cluster: Callable[[int], int] | None = None,
+        save: Callable[[dict | None], None] | None = None,
     ) -> None:
         self._kv = kv
         self._current = current
@@ -94,6 +110,7 @@ class PSMigrator:
         self._emit = emit
         self._stop_cluster = stop_cluster  # (new PS count) -> the nodes being stopped
         self._start_cluster = start_cluster  # (new PS count) -> the new cluster version
+        self._save = save  # writes the active change's record (None: no change active)
         self._requests: queue.SimpleQueue[_Migration] = queue.SimpleQueue()
         self._active: _Migration | None = None
 
@@ -112,6 +129,9 @@ class PSMigrator:
             raise ValueError(f"memory_mb and cpu must be >= 0, got {memory_mb} and {cpu}")
         if memory_mb == 0 and cpu == 0:
             raise ValueError("give --memory-mb or --cpu: a migration moves a node to new resources")
+        same = self._same_as_active(node_type, rank, memory_mb, cpu)
+        if same is not None:
+            return same  # a retry (the first answer died with a master): the same change
         node = self._current(node_type, rank)
         if node is None or node.state != NodeState.RUNNING:
             raise ValueError(f"{node_type}-{rank} is not running; nothing to migrate")
@@ -127,6 +147,9 @@ class PSMigrator:
             raise ValueError("the job has no PS: it does not run in parameter-server mode")
         if not 1 <= ps_count <= MAX_PS:
             raise ValueError(f"ps replicas must be in [1, {MAX_PS}], got {ps_count}")
+        m = self._active
+        if m is not None and m.ps_count == ps_count:
+            return m.done  # a retry (the first answer died with a master): the same change
         chief = self._current("chief", 0)
         if chief is None or chief.state != NodeState.RUNNING:
             raise ValueError(
@@ -170,6 +193,14 @@ class PSMigrator:
             # The chief's answer to this very request: a checkpoint it made on its own schedule
             # may race with the request (and the chief may not be at a step boundary then).
             answer = self._kv.get(checkpoint_request_key(m.request_number, "done"), 0)
+            waited = CHECKPOINT_TIMEOUT_SECONDS - (m.deadline - time.monotonic())
+            if answer is None and waited > CHIEF_STEP_WAIT_SECONDS and not m.pause_released:
+                self._emit(
+                    "migration",
+                    f"the chief took no step in {CHIEF_STEP_WAIT_SECONDS:g}s (it may wait for "
+                    "data the paused workers hold): workers go on until it checkpoints",
+                )
+                self._release_pause(m)
             if answer is not None:
                 m.checkpoint_step = int(answer)
                 if m.ps_count:
@@ -198,6 +229,61 @@ class PSMigrator:
             return m
         return m if node.id == m.old_id else None
 
+    @property
+    def active(self) -> _Migration | None:
+        return self._active
+
+    def restore(self, record: dict) -> _Migration:
+        """A restarted master carries on the change its predecessor saved (the caller then
+        settles a phase that was cut short; see JobMaster._resume_ps_change)."""
+        m = _Migration(**{**record, "done": Future(), "stopping": set(record["stopping"])})
+        m.pausing = tuple(m.pausing)
+        m.deadline = time.monotonic() + (
+            PAUSE_TIMEOUT_SECONDS if m.phase == "pausing" else CHECKPOINT_TIMEOUT_SECONDS
+        )
+        self._active = m
+        self._emit(
+            "migration",
+            f"carrying on the PS change the previous master began (phase {m.phase})",
+            phase=m.phase,
+        )
+        return m
+
+    def settle(self) -> _Migration | None:
+        """After restore(): redo a stopping or starting phase the previous master may have cut
+        short (both are idempotent). Returns a move whose old PS ended with no new one yet."""
+        m = self._active
+        if m is None or m.phase not in ("stopping", "starting"):
+            return None
+        if m.ps_count:
+            if m.phase == "starting":
+                self._finish_resize(m)
+            else:
+                self._stop_for_resize(m)
+            return None
+        node = self._current(m.node_type, m.rank)
+        if node is None:
+            self._fail(m, f"{m.node_type}-{m.rank} is unknown to the restarted master")
+        elif node.id != m.old_id:
+            self.finished(m, node)  # the new one was launched before the master died
+        elif node.state.ended:
+            return m  # the caller launches the new one
+        else:
+            self._retire_node(node)
+        return None
+
+    def _same_as_active(self, node_type: str, rank: int, memory_mb: int, cpu: float):
+        m = self._active
+        if m is None or m.ps_count:
+            return None
+        if (m.node_type, m.rank, m.memory_mb, m.cpu) == (node_type, rank, memory_mb, cpu):
+            return m.done
+        return None
+
+    def _persist(self, m: _Migration | None) -> None:
+        if self._save is not None:
+            self._save(m.record() if m is not None else None)
+
     def abort(self, reason: str) -> None:
         """Fail the active migration and every queued one (the job or its chief ended)."""
         if self._active is not None:
@@ -223,6 +309,7 @@ class PSMigrator:
         self._release(m)
         m.done.set_result(MigrateResult(new.id, m.checkpoint_step))
         self._active = None
+        self._persist(None)
 
     def _start(self, m: _Migration) -> None:
         if m.ps_count:
@@ -235,6 +322,7 @@ class PSMigrator:
         # Workers stop at a step boundary first, so the checkpoint and the data position it is
         # saved with hold every step taken, and nothing is trained twice after the restore.
         self._pause_workers(m)
+        self._persist(m)
         self._emit(
             "migration",
             f"moving {m.node_type}-{m.rank} to "
@@ -272,6 +360,7 @@ class PSMigrator:
             self._active = None
             return
         self._pause_workers(m)
+        self._persist(m)
         self._emit(
             "ps_resize",
             f"ps {previous} -> {m.ps_count}"
@@ -285,15 +374,19 @@ class PSMigrator:
 
     def _stop_for_resize(self, m: _Migration) -> None:
         m.phase = "stopping"
+        self._persist(m)  # a restarted master stops (again) whatever still runs
         # The set is filled before any node is stopped: a platform that cannot signal reports
         # the exit at once, re-entering on_exit.
         stopping = self._stop_cluster(m.ps_count)
-        m.stopping.update(n.id for n in stopping if not n.state.ended)
+        m.stopping = {n.id for n in stopping if not n.state.ended}
+        self._persist(m)
         if not m.stopping:
             self._finish_resize(m)
 
     def _finish_resize(self, m: _Migration) -> None:
         previous = m.previous_count
+        m.phase = "starting"
+        self._persist(m)  # a restarted master starts (again) whatever is not running
         version = self._start_cluster(m.ps_count)
         self._emit(
             "ps_resized",
@@ -308,12 +401,19 @@ class PSMigrator:
         self._release(m)
         m.done.set_result(ResizeResult(previous, m.ps_count, version, m.checkpoint_step))
         self._active = None
+        self._persist(None)
 
     def _request_checkpoint(self, m: _Migration) -> None:
         m.phase = "checkpoint"
         m.deadline = time.monotonic() + CHECKPOINT_TIMEOUT_SECONDS
         m.request_number = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
+        self._persist(m)
         self._kv.set(checkpoint_request_key(m.request_number), (m.reason or "migration").encode())
+
+    def _release_pause(self, m: _Migration) -> None:
+        m.pause_released = True
+        if m.pause_number:
+            self._kv.set(pause_key(m.pause_number, "release"), b"1")
 
     def _release(self, m: _Migration) -> None:
         if m.pause_number:
@@ -328,6 +428,7 @@ class PSMigrator:
             return
         m.phase = "stopping"
         m.old_id = node.id
+        self._persist(m)
         node.extra["migrating"] = True
         self._retire_node(node)
 
@@ -336,3 +437,4 @@ class PSMigrator:
         self._emit("migration_failed", f"migration of {m.node_type}-{m.rank}: {reason}")
         m.done.set_exception(TimeoutError(reason))
         self._active = None
+        self._persist(None)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from master.nodes.manager import StaleNodeError
+from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.pb import common_pb2
 from master.rendezvous.rounds import StaleRoundError
 
@@ -25,6 +25,8 @@ def guard(method: Callable) -> Callable:
     def wrapper(self: object, request: object, context: grpc.ServicerContext) -> object:
         try:
             return method(self, request, context)
+        except MasterResumingError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))  # clients retry UNAVAILABLE
         except (StaleNodeError, StaleRoundError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:

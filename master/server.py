@@ -15,7 +15,7 @@ import grpc
 from master.checkpoints import Checkpoint
 from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.job import JobMaster
-from master.nodes.manager import StaleNodeError
+from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
@@ -64,6 +64,17 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return self._deny
 
 
+def check_node(job: JobMaster, ref: common_pb2.NodeRef) -> Node:
+    """The node behind a request. While a restarted master restores its nodes, one it does
+    not know yet may be one it is about to adopt: the request is to be retried, not refused."""
+    try:
+        return job.nodes.check(ref.type, ref.rank, ref.id)
+    except StaleNodeError:
+        if job.resuming:
+            raise MasterResumingError("the master is resuming its job; retry") from None
+        raise
+
+
 def _detail(error: Exception) -> str:
     """The error's message, cut short: it may echo a huge field of the request back."""
     text = str(error)
@@ -78,6 +89,8 @@ def _guard(method: Callable) -> Callable:
     def wrapper(self: MasterServicer, request: object, context: grpc.ServicerContext) -> object:
         try:
             return method(self, request, context)
+        except MasterResumingError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))  # clients retry UNAVAILABLE
         except (StaleNodeError, StaleShardError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, _detail(e))
         except UnknownDatasetError as e:
@@ -104,7 +117,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _node(self, ref: common_pb2.NodeRef) -> Node:
         if not ref.type:
             raise ValueError("the request names no node (node.type is empty)")
-        return self.job.nodes.check(ref.type, ref.rank, ref.id)
+        return check_node(self.job, ref)
 
     def _cluster(self) -> cluster_pb2.ClusterSpec:
         cluster = self.job.tf_cluster()
@@ -389,7 +402,7 @@ def start_server(
     from master.rendezvous.servicer import add_rendezvous_service
 
     def node_check(ref: common_pb2.NodeRef) -> None:
-        job.nodes.check(ref.type, ref.rank, ref.id)
+        check_node(job, ref)
 
     add_rendezvous_service(server, job.rendezvous, node_check)
     add_kv_service(server, job.kv, node_check)

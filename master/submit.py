@@ -255,6 +255,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         runtime,
         faults=opts.faults,
         on_event=printer.event if printer else None,
+        resuming=opts.resume,
     )
     if brain is not None and job.autoscaler is not None and not opts.resume:
         job.autoscaler.seed(*brain_hint(brain, spec))  # the best worker count of past runs

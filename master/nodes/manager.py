@@ -25,6 +25,10 @@ class StaleNodeError(Exception):
     """A request from a node incarnation the master does not (or no longer) run."""
 
 
+class MasterResumingError(Exception):
+    """A restarted master has not restored its nodes yet: the request is to be retried."""
+
+
 class NodeManager:
     """Keeps every node incarnation; the current one per (type, rank) is the only one accepted."""
 

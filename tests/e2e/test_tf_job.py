@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -242,29 +243,62 @@ def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
     assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
 
 
-def test_tf_ps_count_1_to_2_while_training(tmp_path):
+def _master_child(submit_pid):
+    """The master process a supervising `dlrover submit` runs."""
+    import psutil
+
+    for child in psutil.Process(submit_pid).children():
+        if "--lifeline-fd" in " ".join(child.cmdline()):
+            return child.pid
+    raise AssertionError("no supervised master")
+
+
+def _wait_for_event(run_dir, kind, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    path = run_dir / "events.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and f'"kind": "{kind}"' in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {kind} event")
+
+
+def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     from master.client import MasterClient, read_token
 
     ids = write_job(tmp_path, eval_records=1024)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
-    )
+    log = open(tmp_path / "submit.out", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        addr = proc.stdout.readline().split("master at ")[1].split(",")[0]
+        while "master at " not in (first := (tmp_path / "submit.out").read_text()):
+            assert proc.poll() is None, first
+            time.sleep(0.1)
+        addr = first.split("master at ")[1].split(",")[0]
         token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
-        client = MasterClient(addr, token, retry_seconds=5.0)
+        # Retries carry the call over the master's restart.
+        client = MasterClient(addr, token, retry_seconds=60.0)
         deadline = time.monotonic() + 300
         while client.job_status().global_step < 150:
             assert time.monotonic() < deadline, "training did not start"
             time.sleep(0.2)
-        reply = client.scale("ps", 2, reason="e2e")
+        with ThreadPoolExecutor(1) as pool:
+            scaled = pool.submit(client.scale, "ps", 2, "e2e")
+            # The change has begun (workers pausing): the master dies; the restarted one
+            # carries the change on from its saved record, and the retried call joins it.
+            _wait_for_event(run_dir, "ps_resize")
+            os.kill(_master_child(proc.pid), signal.SIGKILL)
+            reply = scaled.result(timeout=400)
         assert (reply.previous, reply.replicas) == (1, 2)
-        out, _ = proc.communicate(timeout=600)
+        proc.wait(timeout=600)
     finally:
         proc.kill()
+    out = (tmp_path / "submit.out").read_text()
+    assert "master died (killed by SIGKILL); restarting it" in out, out[-4000:]
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["status"] == "succeeded"
@@ -273,6 +307,7 @@ def test_tf_ps_count_1_to_2_while_training(tmp_path):
     assert sorted((n["rank"], n["relaunches"]) for n in ps) == [(0, 0), (0, 0), (1, 0)]
     kinds = [e["kind"] for e in summary["events"]]
     assert "ps_resize" in kinds and "ps_resized" in kinds and "relaunch" not in kinds
+    assert "master_restarted" in kinds
     resized = next(e for e in summary["events"] if e["kind"] == "ps_resized")
     assert resized["details"]["cluster_version"] > 1
     # The restarted chief built its variables over two PS and restored the checkpoint into them.

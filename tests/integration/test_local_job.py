@@ -188,8 +188,10 @@ def test_workers_scale_up_and_down_while_training(tmp_path):
         _wait_for_node_process(tmp_path, "worker.2")
         down = _scale(addr, token_file, "worker=1")
         assert down.returncode == 0 and "worker: 3 -> 1" in down.stdout, down
-        bad = _scale(addr, token_file, "ps=2")
-        assert bad.returncode == 2 and "cannot scale 'ps'" in bad.stderr
+        bad = _scale(addr, token_file, "chief=2")
+        assert bad.returncode == 2 and "cannot scale 'chief'" in bad.stderr
+        no_ps = _scale(addr, token_file, "ps=2")  # this fake job has no PS
+        assert no_ps.returncode == 2 and "the job has no PS" in no_ps.stderr
         out = first + p.communicate(timeout=120)[0]
     finally:
         if p.poll() is None:

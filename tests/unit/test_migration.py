@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -25,13 +26,26 @@ class Job:
         self.chief = Node("chief", 0, id=9, state=NodeState.RUNNING, steps=5)
         self.retired: list[int] = []
         self.events: list[tuple[str, str]] = []
-        self.migrator = PSMigrator(
+        self.saved: dict | None = None
+        self.migrator = self.new_migrator()
+
+    def new_migrator(self) -> PSMigrator:
+        """A migrator as a (restarted) master builds it, saving its change in self.saved."""
+        return PSMigrator(
             self.kv,
             lambda t, r: {("ps", 0): self.ps, ("chief", 0): self.chief}.get((t, r)),
             lambda: self.workers,
             lambda node: self.retired.append(node.id),
             lambda kind, message, *a, **k: self.events.append((kind, message)),
+            **self.cluster_callbacks(),
+            save=self.save,
         )
+
+    def cluster_callbacks(self) -> dict:
+        return {}
+
+    def save(self, record: dict | None) -> None:
+        self.saved = json.loads(json.dumps(record))  # as the state store keeps it
 
 
 def test_a_migration_pauses_workers_checkpoints_retires_the_old_ps_then_completes():
@@ -129,18 +143,12 @@ class ResizableJob(Job):
         super().__init__()
         self.version = 1
         self.started: list[int] = []
-        self.migrator = PSMigrator(
-            self.kv,
-            lambda t, r: {("ps", 0): self.ps, ("chief", 0): self.chief}.get((t, r)),
-            lambda: self.workers,
-            lambda node: self.retired.append(node.id),
-            lambda kind, message, *a, **k: self.events.append((kind, message)),
-            stop_cluster=self._stop,
-            start_cluster=self._start,
-        )
+
+    def cluster_callbacks(self) -> dict:
+        return {"stop_cluster": self._stop, "start_cluster": self._start}
 
     def _stop(self, ps_count: int) -> list[Node]:
-        nodes = [self.ps, self.chief, *self.workers]
+        nodes = [n for n in (self.ps, self.chief, *self.workers) if n.state == NodeState.RUNNING]
         self.retired.extend(n.id for n in nodes)
         return nodes
 
@@ -228,3 +236,92 @@ def test_abort_fails_the_active_and_the_queued_migrations():
     for done in (first, second):
         with pytest.raises(Exception, match="the job stopped"):
             done.result(0)
+
+
+def test_a_restarted_master_carries_a_migration_on_from_its_saved_record():
+    job = Job()
+    first = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    job.migrator.advance()
+    for w in job.workers:
+        job.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
+    job.migrator.advance()
+    assert job.saved["phase"] == "checkpoint" and job.saved["request_number"] == 1
+    # The master dies; a new one restores the change (its KV store is durable too).
+    job.migrator = job.new_migrator()
+    job.migrator.restore(job.saved)
+    assert job.migrator.settle() is None  # nothing cut short in the checkpoint phase
+    # The client's retry of the same migrate call joins the restored change.
+    retried = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    job.kv.set(checkpoint_request_key(1, "done"), b"640")
+    job.migrator.advance()
+    assert job.retired == [1] and job.saved["phase"] == "stopping"
+    job.ps.state = NodeState.DELETED
+    migration = job.migrator.on_exit(job.ps)
+    job.migrator.finished(migration, Node("ps", 0, id=5, state=NodeState.RUNNING))
+    assert retried.result(0) == MigrateResult(node_id=5, checkpoint_step=640)
+    assert job.saved is None
+    assert not first.done()  # that caller's master is gone; its client retried
+
+
+def test_a_restarted_master_stops_again_what_a_cut_short_count_change_left_running():
+    job = ResizableJob()
+    job.migrator.request_resize(2, current=1, reason="")
+    _through_checkpoint(job, b"300")
+    record = job.saved
+    assert record["phase"] == "stopping" and record["stopping"] == [1, 2, 3, 9]
+    # The master died as it began stopping: worker-1 got no signal and still runs.
+    job.retired.clear()
+    for node in (job.ps, job.chief, job.workers[0]):
+        node.state = NodeState.DELETED
+    job.migrator = job.new_migrator()
+    job.migrator.restore(record)
+    job.migrator.settle()
+    assert job.retired == [3] and job.started == []  # the stop is redone for what runs
+    job.workers[1].state = NodeState.DELETED
+    job.migrator.on_exit(job.workers[1])
+    assert job.started == [2] and job.saved is None
+
+
+def test_a_restarted_master_starts_again_a_cut_short_count_change():
+    job = ResizableJob()
+    job.migrator.request_resize(2, current=1, reason="")
+    _through_checkpoint(job, b"300")
+    for node in (job.ps, job.chief, *job.workers):
+        node.state = NodeState.DELETED
+        job.migrator.on_exit(node)
+    assert job.started == [2]
+    # Suppose it died while starting: the record still said "starting".
+    job.saved = _starting_record()
+    job.migrator = job.new_migrator()
+    job.migrator.restore(job.saved)
+    job.migrator.settle()
+    assert job.started == [2, 2]  # started again (the master starts only what does not run)
+    assert job.saved is None
+
+
+def _starting_record() -> dict:
+    from master.migration import _Migration
+
+    m = _Migration("ps", 0, 0, 0.0, "", None, phase="starting", ps_count=2, previous_count=1)
+    m.checkpoint_step = 300
+    return m.record()
+
+
+def test_a_chief_that_takes_no_step_gets_the_paused_workers_released(monkeypatch):
+    import master.migration
+
+    monkeypatch.setattr(master.migration, "CHIEF_STEP_WAIT_SECONDS", 0.0)
+    job = Job()
+    done = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
+    job.migrator.advance()
+    for w in job.workers:
+        job.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
+    job.migrator.advance()  # checkpoint requested
+    assert job.kv.get(pause_key(1, "release"), 0) is None
+    time.sleep(0.01)
+    job.migrator.advance()  # no answer yet: the workers go on, so the chief gets data
+    assert job.kv.get(pause_key(1, "release"), 0) == b"1"
+    assert job.kv.get(checkpoint_request_key(1, "release"), 0) is None  # the chief still waits
+    job.kv.set(checkpoint_request_key(1, "done"), b"800")
+    job.migrator.advance()
+    assert job.retired == [1] and not done.done()
