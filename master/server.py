@@ -349,7 +349,12 @@ def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
         global_step=job.global_step,
         elapsed_seconds=job.elapsed(),
         dashboard_url=job.runtime.dashboard_url,
+        cluster_version=job.cluster_version,
     )
+    if job.autoscaler is not None:
+        scaler = job.autoscaler.status()
+        status.autoscale_decision = scaler["last_decision"]
+        status.autoscale_note = scaler["note"]
     for n in job.nodes.history():
         status.nodes.add(
             type=n.type,

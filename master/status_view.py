@@ -150,11 +150,11 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
     if auto.get("enabled"):
         lines += ["", "autoscale"]
         if auto.get("last_decision"):
-            ago = (now or time.time()) - auto.get("last_decision_at", 0.0)
-            lines.append(
-                f"  last decision ({auto['decisions']} in all, {ago:.0f}s ago): "
-                f"{auto['last_decision']}"
-            )
+            when = ""
+            if "last_decision_at" in auto:  # not in the gRPC-only document
+                ago = (now or time.time()) - auto["last_decision_at"]
+                when = f" ({auto['decisions']} in all, {ago:.0f}s ago)"
+            lines.append(f"  last decision{when}: {auto['last_decision']}")
         lines.append(f"  now: {auto.get('note') or '-'}")
         table = auto.get("throughput_table") or {}
         if table:
@@ -184,7 +184,7 @@ def document_from_status_pb(status: Any) -> dict[str, Any]:
         "global_step": status.global_step,
         "elapsed_seconds": status.elapsed_seconds,
         "started_at": time.time() - status.elapsed_seconds,
-        "cluster_version": 0,
+        "cluster_version": status.cluster_version,
         "steps_per_second": 0.0,
         "records_per_second": 0.0,
         "datasets": [
@@ -226,6 +226,11 @@ def document_from_status_pb(status: Any) -> dict[str, Any]:
         ],
         "events": [],
         "event_count": 0,
+        "autoscale": {
+            "enabled": bool(status.autoscale_decision or status.autoscale_note),
+            "last_decision": status.autoscale_decision,
+            "note": status.autoscale_note,
+        },
     }
 
 

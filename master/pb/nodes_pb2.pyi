@@ -158,7 +158,7 @@ class DatasetProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., epochs: _Optional[int] = ..., current_epoch: _Optional[int] = ..., records_done: _Optional[int] = ..., records_redone: _Optional[int] = ..., records_todo: _Optional[int] = ..., records_doing: _Optional[int] = ..., finished: bool = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("name", "status", "reason", "global_step", "nodes", "datasets", "elapsed_seconds", "dashboard_url")
+    __slots__ = ("name", "status", "reason", "global_step", "nodes", "datasets", "elapsed_seconds", "dashboard_url", "cluster_version", "autoscale_decision", "autoscale_note")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,9 @@ class JobStatus(_message.Message):
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALE_DECISION_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALE_NOTE_FIELD_NUMBER: _ClassVar[int]
     name: str
     status: str
     reason: str
@@ -175,7 +178,10 @@ class JobStatus(_message.Message):
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetProgress]
     elapsed_seconds: float
     dashboard_url: str
-    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., global_step: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+    cluster_version: int
+    autoscale_decision: str
+    autoscale_note: str
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., global_step: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ..., dashboard_url: _Optional[str] = ..., cluster_version: _Optional[int] = ..., autoscale_decision: _Optional[str] = ..., autoscale_note: _Optional[str] = ...) -> None: ...
 
 class ScaleRequest(_message.Message):
     __slots__ = ("node_type", "replicas", "reason")

@@ -59,11 +59,20 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
                 )
                 assert status.returncode == 0, status.stderr
                 status_text = status.stdout
+                # The job status RPC carries the decision too (for clients without HTTP).
+                from master.client import MasterClient, read_token
+
+                token = read_token({"DLROVER_JOB_TOKEN_FILE": token_file})
+                rpc = MasterClient(addr, token).job_status()
+                rpc_decision = rpc.autoscale_decision
+                rpc_version = rpc.cluster_version
         p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
     out = "".join(lines)
+    assert "back to 3 workers" in rpc_decision, rpc_decision
+    assert rpc_version >= 5  # 1 -> 2 -> 3 -> 4 -> 3 workers, a cluster version each
     assert p.returncode == 0, out
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["status"] == "succeeded"
