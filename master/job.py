@@ -58,6 +58,8 @@ SCALABLE_TYPES = ("worker", "evaluator")
 PS_CHANGE_KEY = "ps_change"  # the PS move or count change in progress
 PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
+# Set by a TF2 PS coordinator (dlrover_tf.keras_ps, same literal): restart it on a PS loss.
+COORDINATOR_KEY = b"dlrover/tf/coordinator"
 JOB_TABLE = "job"
 # How often the control loop checks that no newer master instance has taken over.
 FENCE_CHECK_SECONDS = 1.0
@@ -508,6 +510,19 @@ class JobMaster:
                 self._free_held_shards()  # the chief's restore report rolls the data back
             else:
                 self._rollback_data()
+            self._restart_coordinator(node)
+        if node.extra.get("coordinator_restart"):
+            # Restarted by the master for a PS loss (TF2 PS training): no budget is used.
+            new = self._launch(node.type, node.rank, node.relaunches)
+            self._emit(
+                "relaunch",
+                f"{node.name} restarted to restore from the latest checkpoint after a PS loss "
+                f"(no budget used): {new.name} is now id {new.id}",
+                new,
+                "ps_lost",
+                previous_id=node.id,
+            )
+            return
         decision = decide_on_exit(
             node,
             reason,
@@ -630,6 +645,17 @@ class JobMaster:
         if step == 0 and all(s.records_done == 0 for s in self.sharding.stats()):
             return  # a fresh start: nothing to go back from
         self._rollback_data(step, reason="model_restored")
+
+    def _restart_coordinator(self, ps: Node) -> None:
+        """TF2 PS training (dlrover_tf.keras_ps): the coordinator (the chief) cannot rebuild
+        the variables a lost PS held, so it is restarted and restores the latest checkpoint."""
+        chief = self.nodes.current("chief", 0)
+        if chief is None or chief.state.ended or not self.kv.check([COORDINATOR_KEY]):
+            return
+        chief.extra["coordinator_restart"] = True
+        log.info("%s lost: restarting the coordinator %s (id %d)", ps.name, chief.name, chief.id)
+        if not self.platform.signal_node(chief.id, signal.SIGKILL):
+            self._on_node_exit(NodeEvent(chief.type, chief.rank, chief.id, exit_code=-9))
 
     def _free_held_shards(self) -> None:
         """The model is lost until the chief restores it: every trainer's held shards go back
