@@ -106,6 +106,12 @@ def _exit_when_done() -> None:
             time.sleep(1.0)
 
 
+def exit_process(code: int = 0) -> NoReturn:
+    """End this process at once (after flushing logs). A coordinator's interpreter teardown
+    can hang in ClusterCoordinator's destructor when a worker went away; use this to exit."""
+    _leave(code)
+
+
 def _leave(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
@@ -132,9 +138,17 @@ def connect(env: dict[str, str] | None = None) -> Any:
         # to each worker it lists at start, so it takes only those the master runs.
         client = MasterClient.from_env(env)
         try:
+            if KVClient(client).check([DONE_KEY]):
+                log.info("training is already done (a coordinator restarted after the end)")
+                _leave(0)
             ranks = _live_worker_ranks(client)
         finally:
             client.close()
+        if not ranks:
+            raise ValueError(
+                "the master runs no worker for this coordinator: give the 'worker' group at "
+                "least one replica in the job YAML"
+            )
         workers = {rank: addr for rank, addr in workers.items() if rank in ranks}
     spec = {k: v for k, v in cluster.items() if k != "worker"} | {"worker": workers}
     log.info("coordinator: %d ps, workers %s", len(spec.get("ps", [])), sorted(workers))
@@ -430,6 +444,7 @@ __all__: Sequence[str] = (
     "Coordinator",
     "ShardFeeder",
     "connect",
+    "exit_process",
     "serve",
     "tf_config",
 )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -133,4 +132,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Not sys.exit: interpreter teardown can hang in ClusterCoordinator's destructor.
+    keras_ps.exit_process(main())
