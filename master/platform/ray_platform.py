@@ -254,7 +254,6 @@ def start_master_actor(
 ) -> Any:
     """From `dlrover submit`: a detached job anchor and the detached, restartable master actor,
     both pinned to this machine's Ray node (the run dir and the master's port are here)."""
-    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
     ray = _import_ray(loopback=_is_loopback(address.rsplit(":", 1)[0]))
     try:
         _check_reachable(address)
@@ -308,7 +307,6 @@ def start_job_anchor(address: str, namespace: str) -> Any:
 
     The anchor lives as long as this process's Ray connection does.
     """
-    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
     ray_host = address.rsplit(":", 1)[0]
     ray = _import_ray(loopback=_is_loopback(ray_host))
     try:
