@@ -49,6 +49,7 @@ STORE_TIMEOUT = timedelta(seconds=300)
 MAX_WAIT_CHUNK_S = 10.0  # one blocking call on the master lasts at most this long
 PORT_CLAIM_ATTEMPTS = 32
 WATCH_RETRY_S = 1.0  # after a failed watch call (master unreachable), try again after this
+CHANNEL_CLOSED = "Channel closed"  # grpc's detail when this process closed its own channel
 _RoundReply = rendezvous_pb2.RoundReply
 
 
@@ -299,12 +300,17 @@ class MasterRendezvousHandler(RendezvousHandler):
             except MasterError as e:
                 if stop.is_set():
                     return  # shut down meanwhile: the failure does not matter any more
-                if e.code == grpc.StatusCode.CANCELLED:
+                if e.code == grpc.StatusCode.CANCELLED and CHANNEL_CLOSED in str(e):
                     log.info("rendezvous watch ends: the client channel was closed")
                     return
+                # Also CANCELLED by a master that stops serving (it may come back restarted,
+                # with this round): keep watching.
                 log.warning("rendezvous watch failed: %s; retrying in %gs", e, WATCH_RETRY_S)
                 stop.wait(WATCH_RETRY_S)
                 continue
+            except ValueError as e:  # grpc: "Cannot invoke RPC on closed channel!"
+                log.info("rendezvous watch ends: %s", e)
+                return
             known = reply.waiting
             with self._lock:
                 if stop.is_set():
