@@ -377,6 +377,9 @@ class ResourceSampler:
         return stats
 
 
+REOPEN_DELAY_SECONDS = 0.2  # before a stream the master ended is reopened
+
+
 class ProgressStream:
     """Per-step progress reports on one long-lived stream, without a round trip per step.
 
@@ -384,7 +387,10 @@ class ProgressStream:
     longer) until the previous report is written to the connection. A report written to
     the socket reaches the master even if this process is killed right after, and the
     master drains a dead node's stream before re-queueing its shards: so after a crash
-    only the batch of the step in flight can be ambiguous.
+    only the batch of the step in flight can be ambiguous. A stream the master ends (it died)
+    is reopened at once, not at the next report: a node that takes no step meanwhile (paused,
+    or waiting for data) still gives a restarted master the progress the old one had not
+    stored yet.
     """
 
     _END = object()
@@ -402,6 +408,8 @@ class ProgressStream:
         # master may have restarted and lost the tail of what the old stream carried.
         self._progress: dict[str, dict[int, int]] = {}
         self._global_step = 0
+        self._open_lock = threading.RLock()
+        self._closing = False
 
     def _messages(self, q: queue.SimpleQueue) -> Iterator[data_pb2.ReportProgressRequest]:
         while True:
@@ -429,12 +437,35 @@ class ProgressStream:
         self._future = self._client._stub.StreamProgress.future(
             self._messages(self._queue), metadata=self._client._metadata, wait_for_ready=True
         )
+        self._future.add_done_callback(self._ended)
         for dataset, shards in self._progress.items():
             # Progress is cumulative, so the latest report of a shard stands for every earlier
             # one; shards the master already saw end are skipped by it as stale.
             self._put(
                 self._client._progress_request(dataset, sorted(shards.items()), self._global_step)
             )
+
+    def _ended(self, future: grpc.Future) -> None:
+        """The stream ended; unless this side closed it, reopen it now (in a thread of its
+        own: this runs in gRPC's) to re-send the progress the master may have lost."""
+        if self._closing or future.cancelled() or not self._progress:
+            return
+        error = future.exception()
+        if not isinstance(error, grpc.RpcError) or error.code() not in _RETRYABLE:
+            return  # not the master going away: the next send() reports what is wrong
+        threading.Thread(
+            target=self._reopen, args=(future,), name="dlrover-progress-reopen", daemon=True
+        ).start()
+
+    def _reopen(self, ended: grpc.Future) -> None:
+        time.sleep(REOPEN_DELAY_SECONDS * (0.5 + random.random()))  # a master refusing at once
+        with self._open_lock:
+            if self._closing or self._future is not ended:
+                return  # closed, or send() has reopened it already
+            try:
+                self._open()
+            except Exception as e:  # the next send() tries again
+                log.warning("reopening the progress stream: %s", e)
 
     def _put(self, request: data_pb2.ReportProgressRequest) -> None:
         with self._cond:
@@ -449,8 +480,10 @@ class ProgressStream:
         loss: float | None = None,
     ) -> None:
         """Queue one step's report (and its loss, if given) once the previous one is on the wire."""
-        if self._future is None or self._future.done():
-            self._open()
+        with self._open_lock:
+            self._closing = False
+            if self._future is None or self._future.done():
+                self._open()
         self._wait_sent()
         reports = list(reports)
         self._progress.setdefault(dataset, {}).update(reports)
@@ -473,6 +506,8 @@ class ProgressStream:
 
     def close(self, timeout: float = 30.0) -> data_pb2.ReportProgressReply | None:
         """Flush: end the stream and wait until the master has applied every report."""
+        with self._open_lock:
+            self._closing = True
         if self._future is None:
             return None
         self._queue.put(self._END)

@@ -194,53 +194,78 @@ def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path, state_op
     check_trained_ids(ids, RECORDS, extra_batches=0)
 
 
-def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
+def _start_at_step(tmp_path, step=150, retry_seconds=5.0):
+    """The example job submitted in the background (its output in submit.out), returned once
+    its global step reached `step`: (process, run dir, client of its master, ids dir)."""
     from master.client import MasterClient, read_token
 
     ids = write_job(tmp_path, eval_records=1024)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
-    )
+    out = open(tmp_path / "submit.out", "w")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        addr = proc.stdout.readline().split("master at ")[1].split(",")[0]
+        while "master at " not in (first := (tmp_path / "submit.out").read_text()):
+            assert proc.poll() is None, first
+            time.sleep(0.1)
+        addr = first.split("master at ")[1].split(",")[0]
         token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
-        client = MasterClient(addr, token, retry_seconds=5.0)
+        client = MasterClient(addr, token, retry_seconds=retry_seconds)
         deadline = time.monotonic() + 300
-        while client.job_status().global_step < 150:
+        while client.job_status().global_step < step:
             assert time.monotonic() < deadline, "training did not start"
             time.sleep(0.2)
-        reply = client.migrate("ps", 0, memory_mb=2048, reason="e2e")
-        assert reply.checkpoint_step >= 150
-        out, _ = proc.communicate(timeout=600)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, run_dir, client, ids
+
+
+def _finished_summary(proc, tmp_path):
+    """Waits for the job; its summary, checked to have succeeded with every record trained."""
+    try:
+        proc.wait(timeout=600)
     finally:
         proc.kill()
+    out = (tmp_path / "submit.out").read_text()
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["status"] == "succeeded"
     assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
-    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
-    assert [(n["id"], n["relaunches"]) for n in ps][1] == (reply.node_id, 0)  # not a failure
-    kinds = [e["kind"] for e in summary["events"]]
-    assert "migration" in kinds and "migrated" in kinds and "relaunch" not in kinds
-    migrated = next(e for e in summary["events"] if e["kind"] == "migrated")
-    assert "2048 MB" in migrated["message"]
+    return summary, out
+
+
+def _check_exact_rollback(summary, ids):
+    """Workers and chief paused at a step boundary for the checkpoint: nothing, or at most a
+    report still on its way to the master, is trained again; and the trained ids are every
+    record `epochs` times plus exactly what was rolled back, up to one batch a trainer."""
     redo = sum(
         e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
     )
-    # Workers and chief paused at a step boundary for the checkpoint: nothing, or at most a
-    # report still on its way to the master, is trained again.
     assert redo <= 2 * BATCH, redo
-    # The model went back to the checkpoint made for the migration, and the data with it:
-    # every record `epochs` times plus exactly what was rolled back, up to one batch a trainer.
     ids_files = glob.glob(str(ids / "trained.*.ids"))
     counts = np.bincount(
         np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids_files]), minlength=RECORDS
     )
     assert counts.min() == EPOCHS
     assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
+
+
+def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
+    proc, _, client, ids = _start_at_step(tmp_path)
+    try:
+        reply = client.migrate("ps", 0, memory_mb=2048, reason="e2e")
+    finally:
+        summary, _ = _finished_summary(proc, tmp_path)
+    assert reply.checkpoint_step >= 150
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert [(n["id"], n["relaunches"]) for n in ps][1] == (reply.node_id, 0)  # not a failure
+    kinds = [e["kind"] for e in summary["events"]]
+    assert "migration" in kinds and "migrated" in kinds and "relaunch" not in kinds
+    migrated = next(e for e in summary["events"] if e["kind"] == "migrated")
+    assert "2048 MB" in migrated["message"]
+    _check_exact_rollback(summary, ids)
 
 
 def _master_child(submit_pid):
@@ -266,26 +291,9 @@ def _wait_for_event(run_dir, kind, timeout=120.0):
 def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from master.client import MasterClient, read_token
-
-    ids = write_job(tmp_path, eval_records=1024)
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-    cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]
-    log = open(tmp_path / "submit.out", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    # Client retries carry the call over the master's restart.
+    proc, run_dir, client, ids = _start_at_step(tmp_path, retry_seconds=60.0)
     try:
-        while "master at " not in (first := (tmp_path / "submit.out").read_text()):
-            assert proc.poll() is None, first
-            time.sleep(0.1)
-        addr = first.split("master at ")[1].split(",")[0]
-        token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
-        # Retries carry the call over the master's restart.
-        client = MasterClient(addr, token, retry_seconds=60.0)
-        deadline = time.monotonic() + 300
-        while client.job_status().global_step < 150:
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
         with ThreadPoolExecutor(1) as pool:
             scaled = pool.submit(client.scale, "ps", 2, "e2e")
             # The change has begun (workers pausing): the master dies; the restarted one
@@ -293,16 +301,10 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
             _wait_for_event(run_dir, "ps_resize")
             os.kill(_master_child(proc.pid), signal.SIGKILL)
             reply = scaled.result(timeout=400)
-        assert (reply.previous, reply.replicas) == (1, 2)
-        proc.wait(timeout=600)
     finally:
-        proc.kill()
-    out = (tmp_path / "submit.out").read_text()
+        summary, out = _finished_summary(proc, tmp_path)
+    assert (reply.previous, reply.replicas) == (1, 2)
     assert "master died (killed by SIGKILL); restarting it" in out, out[-4000:]
-    assert proc.returncode == 0, out[-4000:]
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["status"] == "succeeded"
-    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
     ps = [n for n in summary["nodes"] if n["type"] == "ps"]
     assert sorted((n["rank"], n["relaunches"]) for n in ps) == [(0, 0), (0, 0), (1, 0)]
     kinds = [e["kind"] for e in summary["events"]]
@@ -316,17 +318,8 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
     before, after = (open(p).read() for p in chief_logs)
     assert "over 1 PS, up to 1 parts" in before
     assert "over 2 PS, up to 2 parts" in after
-    assert f"model-{resized['details']['checkpoint_step']}" in after or "Restoring" in after
-    redo = sum(
-        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
-    )
-    assert redo <= 2 * BATCH, redo
-    counts = np.bincount(
-        np.concatenate([np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "*.ids"))]),
-        minlength=RECORDS,
-    )
-    assert counts.min() == EPOCHS
-    assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
+    assert f"model.ckpt-{resized['details']['checkpoint_step']}" in after
+    _check_exact_rollback(summary, ids)
 
 
 def test_tf_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):

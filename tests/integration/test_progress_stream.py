@@ -71,3 +71,63 @@ def test_reported_exit_reason_and_message_are_used_when_the_node_ends(harness):
     assert ended.exit_reason.value == "hardware"
     assert ended.exit_message == "ECC error on GPU 0"
     assert any("hardware" in e.message for e in harness.job.events)
+
+
+def test_a_stream_the_master_ended_is_reopened_at_once_and_its_progress_resent(tmp_path):
+    """A node that takes no step after its master died (paused, say) still gives the new
+    master the progress the old one had not stored: its stream reopens by itself."""
+    import shutil
+
+    from master.client import MasterClient, NodeIdentity
+    from master.config import parse_job_spec
+    from master.job import JobMaster, JobRuntime
+    from master.platform.local import LocalPlatform
+    from master.server import start_server
+    from master.state.sqlite import SQLiteStateStore
+
+    from .conftest import TOKEN
+
+    spec = parse_job_spec(
+        {"name": "reopen", "command": ["true"], "worker": {"replicas": 1}},
+        source="test",
+        base_dir=str(tmp_path),
+    )
+
+    def master(path, port=0):
+        store = SQLiteStateStore(str(path))
+        job = JobMaster(spec, LocalPlatform(), store, JobRuntime(str(tmp_path), "", ""))
+        server, port = start_server(job, "127.0.0.1", port, TOKEN, 16, 1000)
+        return job, server, port, store
+
+    job, server, port, store = master(tmp_path / "a.sqlite")
+    node = job.nodes.new_incarnation("worker", 0, 0, 0)
+    job.nodes.mark_running(node.id, "127.0.0.1:1", "")
+    client = MasterClient(f"127.0.0.1:{port}", TOKEN, NodeIdentity("worker", 0, node.id))
+    make_dataset(client)
+    shard = client.get_shard("d").shard
+    job.sharding.flush()
+    # The new master's state: the grant, but none of the progress below (lost with the old).
+    for suffix in ("", "-wal"):  # WAL mode: committed pages may still be in the -wal file
+        shutil.copy(tmp_path / f"a.sqlite{suffix}", tmp_path / f"b.sqlite{suffix}")
+    stream = ProgressStream(client)
+    stream.send("d", [(shard.shard_id, 30)], global_step=3)
+    deadline = time.monotonic() + 10
+    while job.sharding.stats()[0].records_done < 30:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    server.stop(grace=0).wait()
+    job.sharding.close()
+    store.close()
+    job2, server2, _, store2 = master(tmp_path / "b.sqlite", port)
+    try:
+        job2.nodes.restore()
+        assert job2.sharding.stats()[0].records_done == 0
+        deadline = time.monotonic() + 15
+        while job2.sharding.stats()[0].records_done < 30:  # no send() since the restart
+            assert time.monotonic() < deadline, "the progress was not re-sent"
+            time.sleep(0.05)
+        assert stream.close(timeout=10).applied >= 1  # the re-sent report, on the new stream
+    finally:
+        server2.stop(grace=0).wait()
+        job2.sharding.close()
+        store2.close()
