@@ -412,6 +412,73 @@ class Coordinator:
         log.error("the master did not restart the coordinator after %.0f s", PS_LOSS_WAIT_SECONDS)
         _leave(1)
 
+    def fit(
+        self,
+        model: Any,
+        read_fn: Callable,
+        steps_per_epoch: int = 50,
+        checkpoint_every_epochs: int = 1,
+        callbacks: Sequence[Any] = (),
+        verbose: int = 0,
+        on_step: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """`model.fit` (compiled under the strategy's scope) over the master's shards.
+
+        Each Keras epoch is a chunk of `steps_per_epoch` batches the coordinator takes from
+        its shards and stores on a PS; each step takes the next batch number from a counter
+        on the PS and builds its batch on the worker with `read_fn(indices) -> (x, y)`, and
+        returns the number it trained. A callback reads the numbers as the steps resolve;
+        at the epoch's end (every step joined) the trained batches are reported, a batch
+        whose step died with a worker is handed out again in the next epoch, and every
+        `checkpoint_every_epochs` a checkpoint is taken. `on_step(indices)`, if given, runs
+        in each step on the worker after the model update (e.g. to log the trained ids).
+        Bound: a worker that dies costs at most the batch it had applied; a step whose
+        number fell past the chunk (after a retry) trains an empty batch (zero gradients).
+        Returns the History.
+        """
+        import tensorflow as tf
+
+        if steps_per_epoch <= 0 or checkpoint_every_epochs <= 0:
+            raise ValueError("steps_per_epoch and checkpoint_every_epochs must be positive")
+        size = steps_per_epoch * self.feeder.batch_size
+        with self.strategy.scope():
+            chunk = tf.Variable(tf.fill([size], tf.constant(-1, tf.int64)), trainable=False)
+            counter = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+        batch_size = self.feeder.batch_size
+        original = model.train_step
+
+        def train_step(data: Any) -> dict:
+            del data  # a placeholder element: the batch comes from the chunk on the PS
+            number = counter.assign_add(1) - 1
+            ids = chunk[number * batch_size : (number + 1) * batch_size]
+            ids = tf.boolean_mask(ids, ids >= 0)
+            logs = dict(original(read_fn(ids)))
+            if on_step is not None:
+                with tf.control_dependencies([model.optimizer.iterations.read_value()]):
+                    on_step(ids)
+            logs[BATCH_LOG_KEY] = number
+            return logs
+
+        model.train_step = train_step
+        feed = _chunk_callback(self, chunk, counter, steps_per_epoch, checkpoint_every_epochs)
+        placeholder = tf.keras.utils.experimental.DatasetCreator(
+            lambda _: tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+        )
+        try:
+            return model.fit(
+                placeholder,
+                epochs=2**31 - 1,  # until the data ends (the callback stops training)
+                steps_per_epoch=steps_per_epoch,
+                callbacks=[feed, *callbacks],
+                verbose=verbose,
+            )
+        except Exception as err:
+            if _is_ps_loss(err):
+                self._wait_for_restart(err)
+            raise
+        finally:
+            model.train_step = original
+
     def finish(self) -> None:
         """Final checkpoint, then tell the worker servers to exit. Call after training."""
         self.checkpoint()
@@ -419,6 +486,82 @@ class Coordinator:
         log.info(
             "training done at global step %d (%d steps here)", self.global_step, self.steps_run
         )
+
+
+# The key under which a fit step returns the number of the batch it trained.
+BATCH_LOG_KEY = "dlrover_batch"
+
+
+def _chunk_callback(
+    owner: Coordinator, chunk: Any, counter: Any, steps: int, checkpoint_every: int
+) -> Any:
+    """The coordinator side of `Coordinator.fit` (a Keras callback, built when first used:
+    TensorFlow is imported only then, never before a server blocks its signals)."""
+    import tensorflow as tf
+
+    class _ChunkCallback(tf.keras.callbacks.Callback):
+        """Coordinator side of `Coordinator.fit`: fills each epoch's chunk, collects the steps'
+        results as they are scheduled, and accounts for them at the epoch's end."""
+
+        def __init__(
+            self, owner: Coordinator, chunk: Any, counter: Any, steps: int, checkpoint_every: int
+        ) -> None:
+            super().__init__()
+            # Takes the steps' results unresolved (RemoteValues), which is what makes a
+            # batch-level callback acceptable under ParameterServerStrategy.
+            self._supports_tf_logs = True
+            self._owner = owner
+            self._chunk = chunk
+            self._counter = counter
+            self._steps = steps
+            self._checkpoint_every = checkpoint_every
+            self._slots: list[Batch] = []
+            self._results: list[Any] = []
+            self._epochs = 0
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            feeder = self._owner.feeder
+            self._slots, self._results = [], []
+            while len(self._slots) < self._steps:
+                batch = feeder.next_batch(wait_ms=SHARD_WAIT_MS if not self._slots else 0)
+                if batch is None:
+                    if feeder.ended or self._slots:
+                        break
+                    continue
+                self._slots.append(batch)
+            flat = np.full(self._steps * feeder.batch_size, -1, np.int64)
+            for i, batch in enumerate(self._slots):
+                flat[i * feeder.batch_size : i * feeder.batch_size + len(batch.indices)] = (
+                    batch.indices
+                )
+            self._chunk.assign(flat)
+            self._counter.assign(0)
+            if not self._slots:
+                self.model.stop_training = True  # the data ended: one empty step, then stop
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if logs is not None:
+                self._results.append(logs)
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            owner = self._owner
+            owner.coordinator.join()
+            trained: dict[int, float | None] = {}
+            for result in self._results:
+                values = result.fetch() if hasattr(result, "fetch") else result
+                values = {k: (v.fetch() if hasattr(v, "fetch") else v) for k, v in values.items()}
+                trained[int(np.asarray(values[BATCH_LOG_KEY]))] = _scalar(values.get("loss"))
+            for number, batch in enumerate(self._slots):
+                if number in trained:
+                    owner.steps_run += 1
+                    owner.feeder.done(batch, owner.restored_step + owner.steps_run, trained[number])
+                else:
+                    owner.feeder.again(batch)  # its step died with a worker
+            self._epochs += 1
+            if self._slots and self._epochs % self._checkpoint_every == 0:
+                owner.checkpoint()
+
+    return _ChunkCallback(owner, chunk, counter, steps, checkpoint_every)
 
 
 def _ready(value: Any) -> bool:

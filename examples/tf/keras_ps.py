@@ -56,7 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--records", type=int, default=100_000, help="training records")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        help="steps between checkpoints (--loop fit: steps per Keras epoch, a checkpoint each)",
+    )
     p.add_argument("--loop", choices=("coordinator", "fit"), default="coordinator")
     p.add_argument("--model-dir", default=os.environ.get("DLROVER_MODEL_DIR", "./runs/keras/model"))
     p.add_argument("--seed", type=int, default=0)
@@ -98,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         f"file://{os.path.abspath(args.log_trained_ids)}.steps.txt" if args.log_trained_ids else ""
     )
 
+    def log_ids(indices: tf.Tensor) -> None:
+        # Written by the worker once the update is applied (tests count trained records).
+        tf.print(indices, summarize=-1, output_stream=ids_log)
+
     def replica_step(indices: tf.Tensor) -> tf.Tensor:
         x, y = features_of(indices)
         with tf.GradientTape() as tape:
@@ -105,9 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         if ids_log:
-            # Written by the worker once the update is applied (tests count trained records).
             with tf.control_dependencies([optimizer.iterations.read_value()]):
-                tf.print(indices, summarize=-1, output_stream=ids_log)
+                log_ids(indices)
         return loss
 
     @tf.function
@@ -123,8 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         args.model_dir,
         checkpoint_every_steps=args.checkpoint_every,
     )
-    coordinator.restore()
-    steps = coordinator.run(step_fn)
+    if args.loop == "fit":
+        with strategy.scope():
+            model.compile(
+                optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True)
+            )
+        coordinator.restore()
+        coordinator.fit(
+            model,
+            features_of,
+            steps_per_epoch=args.checkpoint_every,
+            on_step=log_ids if ids_log else None,
+        )
+        steps = coordinator.steps_run
+    else:
+        coordinator.restore()
+        steps = coordinator.run(step_fn)
     coordinator.finish()
     logger.info("trained %d steps here; global step %d", steps, coordinator.global_step)
     dataset.close()
