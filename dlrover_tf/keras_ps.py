@@ -396,7 +396,12 @@ class Coordinator:
     def _resolve(self, value: Any, batch: Batch) -> None:
         result = value.fetch()
         loss = _scalar(result)
+        self._count(batch, loss)
+
+    def _count(self, batch: Batch, loss: float | None) -> None:
         self.steps_run += 1
+        if loss is not None:
+            self._losses.append(loss)
         self.feeder.done(batch, self.restored_step + self.steps_run, loss)
 
     def _wait_for_restart(self, err: BaseException) -> NoReturn:
@@ -483,8 +488,18 @@ class Coordinator:
         """Final checkpoint, then tell the worker servers to exit. Call after training."""
         self.checkpoint()
         KVClient(self.client).set(DONE_KEY, str(self.global_step).encode())
+        losses, n = self._losses, min(50, len(self._losses) // 2)
+        first = f"{np.mean(losses[:n]):.4f}" if n else "n/a"
+        last = f"{np.mean(losses[-n:]):.4f}" if n else "n/a"
         log.info(
-            "training done at global step %d (%d steps here)", self.global_step, self.steps_run
+            "training done at global step %d (%d steps here); mean loss of the first %d steps "
+            "%s, of the last %d %s",
+            self.global_step,
+            self.steps_run,
+            n,
+            first,
+            n,
+            last,
         )
 
 
@@ -553,8 +568,7 @@ def _chunk_callback(
                 trained[int(np.asarray(values[BATCH_LOG_KEY]))] = _scalar(values.get("loss"))
             for number, batch in enumerate(self._slots):
                 if number in trained:
-                    owner.steps_run += 1
-                    owner.feeder.done(batch, owner.restored_step + owner.steps_run, trained[number])
+                    owner._count(batch, trained[number])
                 else:
                     owner.feeder.again(batch)  # its step died with a worker
             self._epochs += 1
