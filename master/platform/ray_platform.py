@@ -254,20 +254,7 @@ def start_master_actor(
 ) -> Any:
     """From `dlrover submit`: a detached job anchor and the detached, restartable master actor,
     both pinned to this machine's Ray node (the run dir and the master's port are here)."""
-    ray = _import_ray(loopback=_is_loopback(address.rsplit(":", 1)[0]))
-    try:
-        _check_reachable(address)
-        ray.init(
-            address=address,
-            namespace=namespace,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-        )
-    except (OSError, RuntimeError, ValueError) as e:
-        raise PlatformError(
-            f"cannot connect to the Ray cluster at {address!r} (--ray-address): {e}; "
-            "start one with `ray start --head` or leave --ray-address out"
-        ) from e
+    ray = _connect(address, namespace)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -298,17 +285,9 @@ def start_master_actor(
     return master
 
 
-def node_actor_name(node_id: int) -> str:
-    return f"node-{node_id}"
-
-
-def start_job_anchor(address: str, namespace: str) -> Any:
-    """Connect this process (the supervisor) to Ray and start the run's job anchor in it.
-
-    The anchor lives as long as this process's Ray connection does.
-    """
-    ray_host = address.rsplit(":", 1)[0]
-    ray = _import_ray(loopback=_is_loopback(ray_host))
+def _connect(address: str, namespace: str) -> Any:
+    """This process joins the Ray cluster at `address` (`--ray-address`) in `namespace`."""
+    ray = _import_ray(loopback=_is_loopback(address.rsplit(":", 1)[0]))
     try:
         _check_reachable(address)
         ray.init(
@@ -322,6 +301,19 @@ def start_job_anchor(address: str, namespace: str) -> Any:
             f"cannot connect to the Ray cluster at {address!r} (--ray-address): {e}; "
             "start one with `ray start --head` or leave --ray-address out"
         ) from e
+    return ray
+
+
+def node_actor_name(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+def start_job_anchor(address: str, namespace: str) -> Any:
+    """Connect this process (the supervisor) to Ray and start the run's job anchor in it.
+
+    The anchor lives as long as this process's Ray connection does.
+    """
+    ray = _connect(address, namespace)
     anchor = (
         ray.remote(JobAnchor)
         .options(name=ANCHOR_NAME, num_cpus=0, max_concurrency=ANCHOR_MAX_CONCURRENCY)
