@@ -134,6 +134,11 @@ class JobSpec:
             )
         return getattr(self, node_type)
 
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes the job may ever run at once (every group at its slots)."""
+        return sum(self.group(t).slots for t in NODE_TYPES)
+
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some fields replaced (e.g. from CLI flags), validated again."""
         return dataclasses.replace(self, **changes)

@@ -224,6 +224,17 @@ def job_tls(cfg: MasterConfig, run_dir: str) -> tuple[ServerTLS | None, ClientTL
     return make_job_certificates(tls_dir, [advertised_host(cfg.host)])
 
 
+# Server threads a node may hold at once in long calls: its progress stream, the KV waits of
+# its pause and checkpoint watchers (TF) or its rendezvous watch (torch), a blocking shard ask.
+THREADS_PER_NODE = 4
+
+
+def rpc_threads(configured: int, spec: JobSpec) -> int:
+    """gRPC server threads: enough that long-lived calls of every node the job may run leave
+    threads for heartbeats and shard asks (a sync server holds a thread per open call)."""
+    return max(configured, THREADS_PER_NODE * spec.max_nodes + 64)
+
+
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
     """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success."""
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
@@ -265,7 +276,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg.host,
         cfg.port,
         cfg.job_token,
-        cfg.max_workers,
+        rpc_threads(cfg.max_workers, spec),
         int(cfg.heartbeat_interval_seconds * 1000),
         interceptors=observability.interceptors(),
         tls=server_tls,
