@@ -262,6 +262,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 if request.global_step < 0:
                     raise ValueError(f"global_step must be >= 0, got {request.global_step}")
                 self.job.nodes.note_progress(node)
+                skipped = 0
                 for r in request.reports:
                     try:
                         self.job.sharding.report(
@@ -269,8 +270,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         )
                         applied += 1
                     except StaleShardError as e:
-                        stale += 1
-                        log.info("skipped a stale progress report: %s", e)
+                        skipped += 1
+                        log.debug("skipped a stale progress report: %s", e)
+                if skipped:
+                    # After a master restart a node re-sends every shard it ever reported.
+                    log.info(
+                        "%s: skipped %d stale progress report(s) of %d (shards already ended "
+                        "or handed back)",
+                        node.name,
+                        skipped,
+                        len(request.reports),
+                    )
+                    stale += skipped
                 if request.global_step:
                     self.job.note_global_step(request.global_step)
                 if request.HasField("loss"):
