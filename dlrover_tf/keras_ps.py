@@ -320,6 +320,7 @@ class Coordinator:
         self._step = step
         self._every = checkpoint_every_steps
         self.manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=max_to_keep)
+        # No public accessor (its cluster_resolver property is None under this strategy).
         self.num_workers = int(strategy._num_workers)
         self.global_step = 0
         self.steps_run = 0  # steps whose result resolved in this process
