@@ -369,6 +369,33 @@ class AutoscaleExecutor:
         self._migration: Future | None = None
         self._probe = ProcessProbe()
 
+    def record(self) -> dict[str, Any]:
+        """What a restarted master needs to go on where this scaler was: its measurements
+        per worker count and its ceiling (samples in progress are measured again)."""
+        s = self.state
+        return {
+            "table": {str(k): v for k, v in s.table.items()},
+            "came_from": s.came_from,
+            "ceiling": s.ceiling,
+            "decisions": self.decisions,
+            "last_decision": self.last_decision.reason if self.last_decision else "",
+            "last_action": self.last_decision.action if self.last_decision else NONE,
+            "last_decision_at": self.last_decision_at,
+        }
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Go on from a record() a previous master instance saved."""
+        self.state = ScalerState(
+            table={int(k): float(v) for k, v in record["table"].items()},
+            came_from=int(record["came_from"]),
+            ceiling=int(record["ceiling"]),
+        )
+        self.decisions = int(record["decisions"])
+        if record["last_decision"]:
+            self.last_decision = Decision(record["last_action"], record["last_decision"])
+        self.last_decision_at = float(record["last_decision_at"])
+        self.note = "resumed after a master restart: measuring again"
+
     def seed(self, hint: int, reason: str) -> None:
         """A first worker count to go to (from the Brain's history), before any measurement."""
         if hint > 0 and self.state.workers < 0:
@@ -452,6 +479,7 @@ class AutoscaleExecutor:
         self.decisions += 1
         self.last_decision = d
         self.last_decision_at = time.time()
+        self.job.save_autoscale(self.record())
         table = {str(k): round(v, 2) for k, v in sorted(self.state.table.items())}
         self.job.emit(
             EVENT_KIND,

@@ -56,6 +56,7 @@ STOP_GRACE_SECONDS = 5.0
 LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 SCALABLE_TYPES = ("worker", "evaluator")
 PS_CHANGE_KEY = "ps_change"  # the PS move or count change in progress
+AUTOSCALE_KEY = "autoscale"  # the auto-scaler's measurements
 PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
 # Set by a TF2 PS coordinator (dlrover_tf.keras_ps, same literal): restart it on a PS loss.
@@ -322,6 +323,9 @@ class JobMaster:
         # Torch rendezvous rounds go on with their members (fresh leases from now).
         self.rendezvous.resume()
         self._resume_ps_change()
+        raw = self.store.get(JOB_TABLE, AUTOSCALE_KEY)
+        if raw is not None and self.autoscaler is not None:
+            self.autoscaler.restore(json.loads(raw))
         self.resuming = False
         self._emit(
             "master_restarted",
@@ -855,6 +859,10 @@ class JobMaster:
         else:
             self._rollback_data()  # to the checkpoint made for the migration
         self.migrator.finished(migration, new)
+
+    def save_autoscale(self, record: dict) -> None:
+        """The auto-scaler's measurements, so a restarted master does not redo them."""
+        self.store.put(JOB_TABLE, AUTOSCALE_KEY, json.dumps(record).encode())
 
     def _save_ps_change(self, record: dict | None) -> None:
         """The PS change in progress, so a restarted master carries it on."""

@@ -430,3 +430,23 @@ def test_process_probe_reads_a_local_process_without_heartbeats():
         busy.wait()
     assert probe.sample(7, busy.pid) is None  # gone
     assert probe.sample(8, 0) is None  # no pid: not a local process
+
+
+def test_a_restarted_master_keeps_the_measurements_and_the_ceiling():
+    import json
+
+    from master.autoscaler import AutoscaleExecutor
+
+    _, _, state = run(CFG, saturating(3))
+    before = AutoscaleExecutor(None, CFG)
+    before.state = state
+    record = json.loads(json.dumps(before.record()))  # as the state store keeps it
+    after = AutoscaleExecutor(None, CFG)
+    after.restore(record)
+    assert after.state.ceiling == 3 and dict(after.state.table) == dict(state.table)
+    # The new master measures 3 workers again, and never tries the 4th that did not pay.
+    counts, _, _ = run(CFG, saturating(3), start=3, state=after.state)
+    assert counts == [3]
+    # A fresh scaler (what a restart did before) would try it again.
+    counts, _, _ = run(CFG, saturating(3), start=3)
+    assert 4 in counts
