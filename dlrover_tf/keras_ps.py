@@ -34,14 +34,17 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from master.client import KVClient, MasterClient, MasterError, ProgressStream
+from master.client import (
+    COORDINATOR_KEY,
+    KVClient,
+    MasterClient,
+    MasterError,
+    ProgressStream,
+)
 from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
 
-# The coordinator sets this KV key at start: the master then restarts it when a PS is lost.
-# The master reads the same literal (master/job.py, COORDINATOR_KEY).
-COORDINATOR_KEY = b"dlrover/tf/coordinator"
 # Set by the coordinator when training is over: worker servers exit 0 when they see it.
 DONE_KEY = b"dlrover/tf/coordinator/done"
 # How long one blocking shard request may wait on the master before asking again.

@@ -51,6 +51,8 @@ CHECKPOINT_REQUESTS_KEY = b"dlrover/tf/checkpoint_requests"
 # is "<PAUSE_KEY>/<n>", each worker acks with ".../<n>/ack/<TYPE>-<RANK>", the master ends it
 # with ".../<n>/release".
 PAUSE_KEY = b"dlrover/tf/pause"
+# Set by a TF2 PS coordinator (dlrover_tf.keras_ps): the master restarts it when a PS is lost.
+COORDINATOR_KEY = b"dlrover/tf/coordinator"
 
 
 def pause_key(n: int, suffix: str = "") -> bytes:

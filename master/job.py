@@ -19,6 +19,7 @@ from typing import Any
 from master.autoscaler import AutoscaleExecutor
 from master.checkpoints import Checkpoint, CheckpointRegistry
 from master.client import (
+    COORDINATOR_KEY,
     ENV_JOB_TOKEN_FILE,
     ENV_MASTER_ADDR,
     ENV_NODE_ID,
@@ -59,8 +60,6 @@ PS_CHANGE_KEY = "ps_change"  # the PS move or count change in progress
 AUTOSCALE_KEY = "autoscale"  # the auto-scaler's measurements
 PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
-# Set by a TF2 PS coordinator (dlrover_tf.keras_ps, same literal): restart it on a PS loss.
-COORDINATOR_KEY = b"dlrover/tf/coordinator"
 JOB_TABLE = "job"
 # How often the control loop checks that no newer master instance has taken over.
 FENCE_CHECK_SECONDS = 1.0
@@ -187,6 +186,7 @@ class JobMaster:
         if node_type == "ps":
             if self.state.ended:
                 raise ValueError(f"the job has already ended ({self.state.value})")
+            self._refuse_ps_change_under_keras()
             done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
             result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
             return ScaleResult(result.previous, result.ps_count, self.cluster_version)
@@ -629,10 +629,20 @@ class JobMaster:
         """Move a PS to new resources (see master.migration); waits until the new one runs."""
         if self.state.ended:
             raise ValueError(f"the job has already ended ({self.state.value})")
+        self._refuse_ps_change_under_keras()
         done = self.migrator.request(
             node_type, rank, memory_mb, cpu, reason, self._replicas.get(node_type, 0)
         )
         return done.result(timeout)
+
+    def _refuse_ps_change_under_keras(self) -> None:
+        if self.kv.check([COORDINATOR_KEY]):
+            raise ValueError(
+                "this job trains with TF2 ParameterServerStrategy (dlrover_tf.keras_ps), whose "
+                "coordinator cannot move to a new PS set while it trains: moving a PS or "
+                "changing the PS count is for tf.estimator jobs. Change the ps group in the job "
+                "YAML and resubmit (training resumes from the latest checkpoint)"
+            )
 
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
         """The chief finished writing a checkpoint (with its ledger snapshots)."""

@@ -180,3 +180,15 @@ def test_status_command_prints_the_running_job(harness, tmp_path):
     token_file.write_text("wrong")
     out = _status(harness.addr, str(token_file))
     assert out.returncode == 2 and "refused the job token" in out.stderr
+
+
+def test_ps_moves_and_count_changes_are_refused_for_a_keras_coordinator_job(harness):
+    from master.client import COORDINATOR_KEY
+
+    c = harness.client(0)
+    harness.job.kv.set(COORDINATOR_KEY, b"1")  # what dlrover_tf.keras_ps's coordinator sets
+    for call in (lambda: c.scale("ps", 2), lambda: c.migrate("ps", 0, memory_mb=4096)):
+        with pytest.raises(MasterError, match="ParameterServerStrategy") as e:
+            call()
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert harness.job.migrator.active is None  # nothing was started
