@@ -13,9 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-import yaml
 
-from tests.e2e.test_tf_job import BATCH, EPOCHS, check_trained_ids
+from tests.e2e.test_tf_job import BATCH, EPOCHS, check_trained_ids, write_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = 4_000
@@ -28,32 +27,12 @@ pytestmark = pytest.mark.slow
 
 def run_job(tmp_path, *submit_args, loop="coordinator"):
     """Submit the example (1 ps, chief, 2 workers); returns the summary and the ids folder."""
-    ids = tmp_path / "ids"
-    ids.mkdir()
-    job = {
-        "name": "keras-ps-e2e",
-        "command": [
-            "python",
-            os.path.join(ROOT, "examples", "tf", "keras_ps.py"),
-            "--records",
-            str(RECORDS),
-            "--epochs",
-            str(EPOCHS),
-            "--batch-size",
-            str(BATCH),
-            "--checkpoint-every",
-            str(CHUNK),
-            "--loop",
-            loop,
-            "--log-trained-ids",
-            str(ids / "trained"),
-        ],
-        "workdir": str(tmp_path),
-        "ps": {"replicas": 1},
-        "chief": {"replicas": 1},
-        "worker": {"replicas": 2, "max_relaunches": 2},
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    ids = write_job(
+        tmp_path,
+        records=RECORDS,
+        script="keras_ps.py",
+        args=["--checkpoint-every", str(CHUNK), "--loop", loop],
+    )
     summary_path = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--summary-json", str(summary_path), *submit_args]

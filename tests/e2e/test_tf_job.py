@@ -20,22 +20,23 @@ RECORDS, EPOCHS, BATCH = 24_000, 2, 128
 pytestmark = pytest.mark.slow
 
 
-def write_job(tmp_path, records=RECORDS, eval_records=2048):
+def write_job(tmp_path, records=RECORDS, eval_records=2048, script="wide_deep.py", args=None):
+    """job.yaml for an example of examples/tf (1 ps, chief, 2 workers) logging trained ids;
+    `args` replace the example's --eval-records. Returns the ids folder."""
     ids = tmp_path / "ids"
     ids.mkdir()
     job = {
-        "name": "wide-deep-e2e",
+        "name": script.split(".")[0].replace("_", "-") + "-e2e",
         "command": [
             "python",
-            os.path.join(ROOT, "examples", "tf", "wide_deep.py"),
+            os.path.join(ROOT, "examples", "tf", script),
             "--records",
             str(records),
             "--epochs",
             str(EPOCHS),
             "--batch-size",
             str(BATCH),
-            "--eval-records",
-            str(eval_records),
+            *(["--eval-records", str(eval_records)] if args is None else args),
             "--log-trained-ids",
             str(ids / "trained"),
         ],
