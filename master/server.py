@@ -70,7 +70,9 @@ def check_node(job: JobMaster, ref: common_pb2.NodeRef) -> Node:
     try:
         return job.nodes.check(ref.type, ref.rank, ref.id)
     except StaleNodeError:
-        if job.resuming:
+        # The job's own flag, or rendezvous rounds loaded from a previous master and not yet
+        # resumed (a master whose resume was not announced when it was built).
+        if job.resuming or job.rendezvous.resuming:
             raise MasterResumingError("the master is resuming its job; retry") from None
         raise
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 
-from master.nodes.manager import StaleNodeError
 from master.pb import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
 from master.rendezvous.rounds import (
     NodeKey,
@@ -43,27 +42,18 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self.rendezvous = rendezvous
         self._node_check = node_check
 
-    def _key(self, ref: common_pb2.NodeRef, context: grpc.ServicerContext) -> NodeKey:
+    def _key(self, ref: common_pb2.NodeRef) -> NodeKey:
         if not ref.type:
             raise ValueError("the request names no node (node.type is empty)")
         if self._node_check is not None:
-            try:
-                self._node_check(ref)
-            except StaleNodeError:
-                if self.rendezvous.resuming:
-                    # A restarted master that has not re-adopted its nodes yet cannot tell a
-                    # stale node from a live one: the caller retries (UNAVAILABLE) rather
-                    # than leave a round that is still valid.
-                    context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "the master is resuming the job (re-adopting its nodes); retry",
-                    )
-                raise
+            # While a restarted master re-adopts its nodes, the check raises
+            # MasterResumingError: the caller retries rather than leave a valid round.
+            self._node_check(ref)
         return (ref.type, ref.rank)
 
     @guard
     def Join(self, request, context):  # noqa: N802 (gRPC method names)
-        self._key(request.node, context)
+        self._key(request.node)
         if request.local_world_size < 1:
             raise ValueError(f"local_world_size must be >= 1, got {request.local_world_size}")
         participant = Participant(
@@ -84,7 +74,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def WaitRound(self, request, context):  # noqa: N802
-        key = self._key(request.node, context)
+        key = self._key(request.node)
         wait = check_wait_ms(request.wait_ms)
         with CallWatch(context, self.rendezvous.wake) as call:
             result = self.rendezvous.wait_round(
@@ -103,7 +93,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def Watch(self, request, context):  # noqa: N802
-        key = self._key(request.node, context)
+        key = self._key(request.node)
         wait = check_wait_ms(request.wait_ms)
         with CallWatch(context, self.rendezvous.wake) as call:
             waiting, closed = self.rendezvous.watch(
@@ -119,13 +109,13 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     @guard
     def Leave(self, request, context):  # noqa: N802
-        key = self._key(request.node, context)
+        key = self._key(request.node)
         self.rendezvous.leave(request.run_id, key, request.node.id)
         return common_pb2.Empty()
 
     @guard
     def SetClosed(self, request, context):  # noqa: N802
-        self._key(request.node, context)
+        self._key(request.node)
         self.rendezvous.set_closed(request.run_id)
         return common_pb2.Empty()
 
