@@ -416,8 +416,7 @@ class PSMigrator:
             self._kv.set(pause_key(m.pause_number, "release"), b"1")
 
     def _release(self, m: _Migration) -> None:
-        if m.pause_number:
-            self._kv.set(pause_key(m.pause_number, "release"), b"1")
+        self._release_pause(m)
         if m.request_number:
             self._kv.set(checkpoint_request_key(m.request_number, "release"), b"1")
 
