@@ -40,6 +40,6 @@ setup(
         "dev": DEV,
     },
     entry_points={
-        "console_scripts": ["dlrover=master.cli:main", "dlrover-run=dlrover_torch.run:main"]
+        "console_scripts": ["dlrover=master.cli.main:main", "dlrover-run=dlrover_torch.run:main"]
     },
 )

@@ -6,7 +6,7 @@ size, store, MASTER_ADDR/MASTER_PORT for the workers). min_nodes = max_nodes = N
 closes as soon as every node joined and no last-call window is waited out.
 
 - **master**: `MasterRendezvousHandler` per node (its own `MasterClient`, node identity
-  worker-i), against a standalone master (`master.standalone`) in its own process.
+  worker-i), against a standalone master (`master.rpc.standalone`) in its own process.
 - **torch c10d**: torch's `DynamicRendezvousHandler` per node with a `C10dRendezvousBackend` on
   its own `TCPStore` client; the TCPStore server (C++, libuv) runs in this process. Rendezvous
   store sharing is off (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, as DESIGN.md recommends), so both
@@ -64,7 +64,7 @@ MASTER_RPC_THREADS = 2048
 
 
 def _serve_master(conn) -> None:
-    from master.standalone import start_standalone_master
+    from master.rpc.standalone import start_standalone_master
 
     logging.basicConfig(level=logging.WARNING)
     server, port, token = start_standalone_master(max_workers=MASTER_RPC_THREADS)

@@ -75,10 +75,10 @@ log = logging.getLogger("bench.sharding")
 def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, str, list[int]]:
     """A JobMaster as `dlrover submit` builds it, without job.run(): no node is launched."""
     from master.config import parse_job_spec
-    from master.job import JobMaster, JobRuntime
-    from master.metrics import JobMetrics
+    from master.job.master import JobMaster, JobRuntime
+    from master.observability.metrics import JobMetrics
     from master.platform.local import LocalPlatform
-    from master.server import start_server
+    from master.rpc.server import start_server
     from master.state.sqlite import SQLiteStateStore
 
     spec = parse_job_spec(
@@ -129,7 +129,7 @@ def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
 
     from master.client import MAX_MESSAGE_BYTES
     from master.pb import data_pb2
-    from master.server import encode_indices
+    from master.rpc.server import encode_indices
 
     shard_reply = data_pb2.GetShardReply(
         status=data_pb2.GetShardReply.SHARD,

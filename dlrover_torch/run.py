@@ -80,7 +80,7 @@ def _master_rendezvous(
     if addr:
         token = read_token(env)
     else:
-        from master.standalone import start_standalone_master
+        from master.rpc.standalone import start_standalone_master
 
         server, port, token = start_standalone_master(host="127.0.0.1", port=0)
         resources.closers.append(lambda: server.stop(grace=None))

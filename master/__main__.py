@@ -2,6 +2,6 @@
 
 import sys
 
-from master.cli import main
+from master.cli.main import main
 
 sys.exit(main(["master", *sys.argv[1:]]))

@@ -16,7 +16,7 @@ from master.brain.optimizer import Proposal, propose
 
 if TYPE_CHECKING:
     from master.config import JobSpec
-    from master.job import JobMaster
+    from master.job.master import JobMaster
 
 log = logging.getLogger(__name__)
 

@@ -202,7 +202,7 @@ class MasterActor:
 
     def _watch(self) -> None:
         code = self._proc.wait()
-        from master.cli import _recorded_job_state
+        from master.cli.main import _recorded_job_state
 
         try:
             state = _recorded_job_state(self._state, self._state_job)

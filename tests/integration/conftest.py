@@ -8,9 +8,9 @@ import pytest
 
 from master.client import MasterClient, NodeIdentity
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime
+from master.job.master import JobMaster, JobRuntime
 from master.platform.local import LocalPlatform
-from master.server import start_server
+from master.rpc.server import start_server
 from master.state.sqlite import SQLiteStateStore
 
 TOKEN = "test-token-0123456789"

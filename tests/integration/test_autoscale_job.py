@@ -109,10 +109,10 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
 
 def test_autoscale_off_by_default_changes_nothing(tmp_path):
     from master.config import load_job_spec
-    from master.job import JobMaster, JobRuntime
+    from master.job.master import JobMaster, JobRuntime
+    from master.observability.status_view import render_status, status_document
     from master.platform.local import LocalPlatform
     from master.state.sqlite import SQLiteStateStore
-    from master.status_view import render_status, status_document
 
     spec = load_job_spec(write_job(tmp_path, workers=1))
     assert not spec.autoscale.enabled

@@ -14,9 +14,9 @@ import stat
 import pytest
 
 from master import cli
-from master.dashboard.auth import TOKEN_FILE
-from master.observability import Observability
-from master.tls import make_job_certificates
+from master.client.tls import make_job_certificates
+from master.observability.dashboard.auth import TOKEN_FILE
+from master.observability.endpoint import Observability
 from tests.integration.conftest import TOKEN
 
 PAGES = ("/", "/metrics", "/api/status", "/api/events?since=0", "/api/series", "/nowhere")

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from master.standalone import start_standalone_master
+from master.rpc.standalone import start_standalone_master
 from tests.integration.dlrover_run_helpers import (
     base_env,
     events,

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from master.cli import main
+from master.cli.main import main
 from tests.integration.test_k8s_platform import ROOT, SEL, env_of, write_kubeconfig
 from tests.k8s_fake import FakeKubeApiServer
 from tests.k8s_fake.store import BATCH, RBAC
@@ -234,11 +234,11 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
     pod's empty run dir: --resume-if-started resumes with the token from the mounted secret."""
     import argparse
 
-    from master.cli import _restartable_master
+    from master.cli.main import _restartable_master
+    from master.cli.submit import TOKEN_FILE, state_namespace
     from master.config import MasterConfig, parse_job_spec
-    from master.job import JOB_TABLE
+    from master.job.master import JOB_TABLE
     from master.state.factory import open_state_store
-    from master.submit import TOKEN_FILE, state_namespace
 
     job = {"name": JOB, "command": ["true"], "worker": {"replicas": 1}}
     spec = parse_job_spec(job, "test", str(tmp_path))

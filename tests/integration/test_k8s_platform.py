@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime, JobState
+from master.job.master import JobMaster, JobRuntime, JobState
 from master.platform.api import NodeEvent, NodeLaunchSpec
 from master.platform.k8s_resources import (
     ENV_IMAGE,
@@ -513,7 +513,7 @@ def resolved_env(pod) -> dict[str, str]:
 def test_submit_creates_the_master_and_deleting_it_removes_the_job(
     api, tmp_path, token_file, monkeypatch
 ):
-    from master.cli import main
+    from master.cli.main import main
 
     monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path, api))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -588,7 +588,7 @@ def test_submit_creates_the_master_and_deleting_it_removes_the_job(
 
 
 def test_submit_to_an_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch, capsys):
-    from master.cli import main
+    from master.cli.main import main
 
     with FakeKubeApiServer() as gone:
         kubeconfig = write_kubeconfig(tmp_path, gone)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dlrover_torch.store import MasterStore
 from master.client import KVClient, MasterClient, MasterError, NodeIdentity, StaleNodeError
 from master.kv.store import KVStore
-from master.standalone import start_standalone_master
+from master.rpc.standalone import start_standalone_master
 from master.state.sqlite import SQLiteStateStore
 from tests.integration.conftest import TOKEN
 

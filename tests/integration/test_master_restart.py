@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime, MasterFencedError
+from master.job.master import JobMaster, JobRuntime, MasterFencedError
 from master.platform.local import LocalPlatform
 from master.state.sqlite import SQLiteStateStore
 from tests.integration.test_local_job import DLROVER, HERE, trained_counts, write_job

@@ -80,9 +80,9 @@ def test_a_stream_the_master_ended_is_reopened_at_once_and_its_progress_resent(t
 
     from master.client import MasterClient, NodeIdentity
     from master.config import parse_job_spec
-    from master.job import JobMaster, JobRuntime
+    from master.job.master import JobMaster, JobRuntime
     from master.platform.local import LocalPlatform
-    from master.server import start_server
+    from master.rpc.server import start_server
     from master.state.sqlite import SQLiteStateStore
 
     from .conftest import TOKEN

@@ -24,10 +24,10 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 from dlrover_torch.rendezvous import MasterRendezvousHandler
 from master.client import KVClient, MasterClient, NodeIdentity, RendezvousClient
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime
+from master.job.master import JobMaster, JobRuntime
 from master.platform.api import NodeLaunchSpec, Platform
 from master.rendezvous.service import RESUME_GRACE_SECONDS
-from master.server import start_server
+from master.rpc.server import start_server
 from master.state.sqlite import SQLiteStateStore
 from tests.integration.conftest import TOKEN
 

@@ -12,11 +12,11 @@ import pytest
 
 from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime
+from master.job.master import JobMaster, JobRuntime
 from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.platform.local import LocalPlatform
-from master.ratelimit import TokenBuckets
-from master.server import start_server
+from master.rpc.ratelimit import TokenBuckets
+from master.rpc.server import start_server
 from master.sharding.ledger import DatasetLedger
 from master.state.sqlite import SQLiteStateStore
 

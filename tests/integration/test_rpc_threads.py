@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 import time
 
+from master.cli.submit import THREADS_PER_NODE, rpc_threads
 from master.client import KVClient, MasterClient, NodeIdentity, ProgressStream
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime
+from master.job.master import JobMaster, JobRuntime
 from master.platform.local import LocalPlatform
-from master.server import start_server
+from master.rpc.server import start_server
 from master.state.sqlite import SQLiteStateStore
-from master.submit import THREADS_PER_NODE, rpc_threads
 
 from .conftest import TOKEN
 from .test_progress_stream import make_dataset

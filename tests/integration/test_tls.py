@@ -11,12 +11,12 @@ import grpc
 import pytest
 
 from master.client import MasterClient, MasterError, NodeIdentity
+from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import parse_job_spec
-from master.job import JobMaster, JobRuntime
+from master.job.master import JobMaster, JobRuntime
 from master.platform.local import LocalPlatform
-from master.server import start_server
+from master.rpc.server import start_server
 from master.state.sqlite import SQLiteStateStore
-from master.tls import ClientTLS, ServerTLS, make_job_certificates
 from tests.integration.conftest import TOKEN
 from tests.integration.test_local_job import DLROVER, HERE, write_job
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.autoscaler import (
+from master.config import AutoscaleSpec, SpecError, parse_job_spec
+from master.job.autoscaler import (
     MIGRATE_PS,
     NONE,
     SCALE_WORKERS,
@@ -18,7 +19,6 @@ from master.autoscaler import (
     decide,
     initial_state,
 )
-from master.config import AutoscaleSpec, SpecError, parse_job_spec
 
 CFG = AutoscaleSpec(enabled=True, min_workers=1, max_workers=8, window=3, settle_seconds=5.0)
 INTERVAL = 1.0
@@ -368,9 +368,9 @@ def test_yaml_errors_name_the_field_and_the_fix(auto, field, fix):
 
 
 def test_brain_history_gives_the_starting_count(tmp_path):
-    from master.autoscaler import brain_hint
     from master.brain.client import Brain
     from master.brain.history import JobRecord
+    from master.job.autoscaler import brain_hint
 
     spec = parse_job_spec(
         {"name": "wd", "command": "x", "worker": {"replicas": 1, "max_replicas": 4}},
@@ -409,7 +409,7 @@ def test_process_probe_reads_a_local_process_without_heartbeats():
 
     import psutil
 
-    from master.autoscaler import ProcessProbe
+    from master.job.autoscaler import ProcessProbe
 
     # A wrapper whose child does the work, as a node's process group often is.
     busy = subprocess.Popen(
@@ -435,7 +435,7 @@ def test_process_probe_reads_a_local_process_without_heartbeats():
 def test_a_restarted_master_keeps_the_measurements_and_the_ceiling():
     import json
 
-    from master.autoscaler import AutoscaleExecutor
+    from master.job.autoscaler import AutoscaleExecutor
 
     _, _, state = run(CFG, saturating(3))
     before = AutoscaleExecutor(None, CFG)

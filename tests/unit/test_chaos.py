@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from master.chaos import FIRST_KILL_PERCENT, LAST_KILL_PERCENT, plan_kills
+from master.cli.chaos import FIRST_KILL_PERCENT, LAST_KILL_PERCENT, plan_kills
 from master.config import parse_job_spec
-from master.faults import parse_fault
+from master.job.faults import parse_fault
 
 
 def spec(**groups):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 
-from master.diagnosis import diagnose_exit, exception_excerpt, find_stragglers
-from master.events import EventLog, JobEvent, read_events
+from master.job.diagnosis import diagnose_exit, exception_excerpt, find_stragglers
+from master.job.events import EventLog, JobEvent, read_events
 from master.nodes.model import ExitReason, Node
 from master.nodes.policy import Action, decide_on_exit
 

@@ -2,7 +2,7 @@ import signal
 
 import pytest
 
-from master.faults import FaultSpecError, due, parse_fault
+from master.job.faults import FaultSpecError, due, parse_fault
 
 
 def test_parse_forms():

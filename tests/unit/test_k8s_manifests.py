@@ -243,7 +243,7 @@ def test_rbac_example_grants_what_the_platform_needs():
 
 
 def test_dry_run_prints_valid_objects(tmp_path, monkeypatch):
-    from master.cli import main
+    from master.cli.main import main
 
     job_yaml = tmp_path / "job.yaml"
     job_yaml.write_text(
@@ -282,7 +282,7 @@ def test_dry_run_prints_valid_objects(tmp_path, monkeypatch):
 
 
 def test_dry_run_of_a_bad_job_yaml_is_one_clear_error(tmp_path, capsys):
-    from master.cli import main
+    from master.cli.main import main
 
     bad = tmp_path / "job.yaml"
     bad.write_text("name: Bad_Name\ncommand: [python, t.py]\nworker: {replicas: 1}\n")
@@ -292,7 +292,7 @@ def test_dry_run_of_a_bad_job_yaml_is_one_clear_error(tmp_path, capsys):
 
 
 def test_cli_does_not_import_the_kubernetes_client():
-    code = "import sys, master.cli; sys.exit('kubernetes' in sys.modules)"
+    code = "import sys, master.cli.main; sys.exit('kubernetes' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
 
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from master.client import CHECKPOINT_REQUESTS_KEY, checkpoint_request_key, pause_key
+from master.job.migration import MigrateResult, PSMigrator
 from master.kv.store import KVStore
-from master.migration import MigrateResult, PSMigrator
 from master.nodes.model import Node, NodeState
 from master.state.sqlite import SQLiteStateStore
 
@@ -85,7 +85,7 @@ def test_workers_that_do_not_pause_in_time_do_not_block_the_migration(monkeypatc
     job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
     job.migrator.advance()
     later = time.monotonic() + 1e6
-    monkeypatch.setattr("master.migration.time.monotonic", lambda: later)
+    monkeypatch.setattr("master.job.migration.time.monotonic", lambda: later)
     job.migrator.advance()
     assert job.kv.get(CHECKPOINT_REQUESTS_KEY, 0) == b"1"  # went ahead without the acks
     assert "not every worker paused" in job.events[-1][1]
@@ -106,7 +106,7 @@ def test_no_checkpoint_in_time_fails_the_migration_and_touches_nothing(monkeypat
         job.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
     job.migrator.advance()  # paused: the checkpoint is requested
     later = time.monotonic() + 1e6
-    monkeypatch.setattr("master.migration.time.monotonic", lambda: later)
+    monkeypatch.setattr("master.job.migration.time.monotonic", lambda: later)
     job.migrator.advance()
     with pytest.raises(TimeoutError, match="elastic_model_fn"):
         done.result(0)
@@ -168,7 +168,7 @@ def _through_checkpoint(job: ResizableJob, step: bytes) -> None:
 
 
 def test_a_ps_count_change_restarts_the_cluster_only_once_every_node_ended():
-    from master.migration import ResizeResult
+    from master.job.migration import ResizeResult
 
     job = ResizableJob()
     done = job.migrator.request_resize(2, current=1, reason="more ps")
@@ -300,7 +300,7 @@ def test_a_restarted_master_starts_again_a_cut_short_count_change():
 
 
 def _starting_record() -> dict:
-    from master.migration import _Migration
+    from master.job.migration import _Migration
 
     m = _Migration("ps", 0, 0, 0.0, "", None, phase="starting", ps_count=2, previous_count=1)
     m.checkpoint_step = 300
@@ -308,9 +308,9 @@ def _starting_record() -> dict:
 
 
 def test_a_chief_that_takes_no_step_gets_the_paused_workers_released(monkeypatch):
-    import master.migration
+    import master.job.migration
 
-    monkeypatch.setattr(master.migration, "CHIEF_STEP_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(master.job.migration, "CHIEF_STEP_WAIT_SECONDS", 0.0)
     job = Job()
     done = job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
     job.migrator.advance()

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import grpc
 
+from master.client.tls import ClientTLS, TLSError
 from master.pb import (
     cluster_pb2,
     common_pb2,
@@ -27,7 +28,6 @@ from master.pb import (
     rendezvous_pb2,
     rendezvous_pb2_grpc,
 )
-from master.tls import ClientTLS, TLSError
 
 log = logging.getLogger(__name__)
 

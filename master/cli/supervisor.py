@@ -38,7 +38,7 @@ def _die_with_parent() -> None:
 
 def resumable(state_path: str, job: str) -> bool:
     """Whether the state store holds a started job that has not ended (a master to restart)."""
-    from master.job import JOB_TABLE
+    from master.job.master import JOB_TABLE
     from master.state.api import StateStoreError
     from master.state.factory import open_state_store, parse_state_url
 

@@ -14,20 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from master.autoscaler import brain_hint
 from master.brain.client import consult as consult_brain
 from master.brain.client import report as report_to_brain
 from master.client import ENV_JOB_TOKEN_FILE, read_token
+from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
-from master.events import INCIDENT_KINDS, ROUTINE_KINDS
-from master.faults import Fault
-from master.job import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
+from master.job.autoscaler import brain_hint
+from master.job.events import INCIDENT_KINDS, ROUTINE_KINDS
+from master.job.faults import Fault
+from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
 from master.nodes.model import Node
-from master.observability import Observability
+from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
-from master.server import advertised_host, job_status_pb, start_server
+from master.rpc.server import advertised_host, job_status_pb, start_server
 from master.state.factory import open_state_store
-from master.tls import ClientTLS, ServerTLS, make_job_certificates
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from master.rendezvous.rounds import (
     WaitStatus,
 )
 from master.rendezvous.service import RendezvousService
-from master.rpc_guard import CallWatch, NodeCheck, check_wait_ms, guard
+from master.rpc.guard import CallWatch, NodeCheck, check_wait_ms, guard
 
 DEFAULT_LEASE_MS = 10_000
 _STATUS = {

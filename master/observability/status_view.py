@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from master.events import INCIDENT_KINDS
+from master.job.events import INCIDENT_KINDS
 
 if TYPE_CHECKING:
-    from master.job import JobMaster
-    from master.telemetry import JobTelemetry
+    from master.job.master import JobMaster
+    from master.observability.telemetry import JobTelemetry
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A small HTTP(S) server on the master: /metrics, the dashboard page and its JSON endpoints.
 
-Every page but /healthz needs the dashboard token (master.dashboard.auth); with TLS the server
-speaks HTTPS with the master's own certificate and key (no client certificate asked: browsers have
-none, the token is the credential). Request lines are logged with any token redacted.
+Every page but /healthz needs the dashboard token (see `auth` beside this module); with TLS the
+server speaks HTTPS with the master's own certificate and key (no client certificate asked:
+browsers have none, the token is the credential). Request lines are logged with any token redacted.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from master.dashboard.auth import TOKEN_FILE, TOKEN_PARAM, DashboardAuth
-from master.status_view import status_document
+from master.observability.dashboard.auth import TOKEN_FILE, TOKEN_PARAM, DashboardAuth
+from master.observability.status_view import status_document
 
 if TYPE_CHECKING:
-    from master.job import JobMaster
-    from master.metrics import JobMetrics
-    from master.telemetry import JobTelemetry
-    from master.tls import ServerTLS
+    from master.client.tls import ServerTLS
+    from master.job.master import JobMaster
+    from master.observability.metrics import JobMetrics
+    from master.observability.telemetry import JobTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def redact(text: str) -> str:
 
 def dashboard_html() -> bytes:
     """The dashboard page (one file: markup, style and script, nothing fetched from outside)."""
-    return resources.files("master.dashboard").joinpath("index.html").read_bytes()
+    return resources.files("master.observability.dashboard").joinpath("index.html").read_bytes()
 
 
 class ObservabilityServer:

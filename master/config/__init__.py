@@ -73,7 +73,7 @@ class NodeGroupSpec:
 @dataclass(frozen=True)
 class AutoscaleSpec:
     """The job YAML's `autoscale:` section: when the master may add or remove workers and
-    migrate a hot PS on its own (master.autoscaler decides; off unless enabled)."""
+    migrate a hot PS on its own (master.job.autoscaler decides; off unless enabled)."""
 
     enabled: bool = False
     min_workers: int = 1
@@ -117,7 +117,7 @@ class JobSpec:
     straggler_min_steps: int = 20
     # Port of the master's HTTP endpoint (Prometheus /metrics and the dashboard); 0 = any free.
     metrics_port: int = 0
-    # Automatic worker scaling and PS migration (master.autoscaler); off by default.
+    # Automatic worker scaling and PS migration (master.job.autoscaler); off by default.
     autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
     source: str = "<spec>"  # file it came from, for messages
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from master.config import JobSpec
-from master.faults import MASTER
+from master.job.faults import MASTER
 
 # Kills land between these shares of the records, spaced out, so each finds the job running.
 FIRST_KILL_PERCENT = 10.0

@@ -37,7 +37,7 @@ from master.config import AutoscaleSpec
 from master.nodes.model import TRAINING_TYPES, NodeState
 
 if TYPE_CHECKING:
-    from master.job import JobMaster
+    from master.job.master import JobMaster
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from concurrent import futures
 import grpc
 
 from master.client import MAX_MESSAGE_BYTES
-from master.kv.servicer import add_kv_service
 from master.kv.store import KVStore
 from master.rendezvous.service import RendezvousService
-from master.rendezvous.servicer import add_rendezvous_service
-from master.server import TokenInterceptor
+from master.rpc.kv_servicer import add_kv_service
+from master.rpc.rendezvous_servicer import add_rendezvous_service
+from master.rpc.server import TokenInterceptor
 from master.state.sqlite import MEMORY_PATH, SQLiteStateStore
 
 log = logging.getLogger(__name__)

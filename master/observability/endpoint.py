@@ -1,6 +1,6 @@
 """One job master's observability, started and stopped together: time series, Prometheus
 metrics (with RPC timing for the gRPC server) and the HTTP(S) server of /metrics and the
-dashboard, which asks for the job's dashboard token (master.dashboard.auth)."""
+dashboard, which asks for the job's dashboard token (master.observability.dashboard.auth)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import secrets
 
 import grpc
 
-from master.dashboard.auth import load_or_create_token, token_path
-from master.dashboard.server import ObservabilityServer
-from master.job import JobMaster
-from master.metrics import JobMetrics
-from master.telemetry import JobTelemetry
-from master.tls import ServerTLS
+from master.client.tls import ServerTLS
+from master.job.master import JobMaster
+from master.observability.dashboard.auth import load_or_create_token, token_path
+from master.observability.dashboard.server import ObservabilityServer
+from master.observability.metrics import JobMetrics
+from master.observability.telemetry import JobTelemetry
 
 
 class Observability:

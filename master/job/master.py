@@ -16,8 +16,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.autoscaler import AutoscaleExecutor
-from master.checkpoints import Checkpoint, CheckpointRegistry
 from master.client import (
     COORDINATOR_KEY,
     ENV_JOB_TOKEN_FILE,
@@ -27,11 +25,13 @@ from master.client import (
     ENV_NODE_TYPE,
 )
 from master.config import NODE_TYPES, JobSpec
-from master.diagnosis import Diagnosis, diagnose_exit, find_stragglers
-from master.events import EVENTS_FILE, EventLog, JobEvent, read_events
-from master.faults import MASTER, Fault, due
+from master.job.autoscaler import AutoscaleExecutor
+from master.job.checkpoints import Checkpoint, CheckpointRegistry
+from master.job.diagnosis import Diagnosis, diagnose_exit, find_stragglers
+from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
+from master.job.faults import MASTER, Fault, due
+from master.job.migration import CLUSTER_TYPES, MigrateResult, PSMigrator
 from master.kv.store import KVStore
-from master.migration import CLUSTER_TYPES, MigrateResult, PSMigrator
 from master.nodes.manager import NodeManager
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
 from master.nodes.policy import (
@@ -116,7 +116,7 @@ class JobMaster:
         resuming: bool = False,
     ) -> None:
         # Until the previous instance's nodes are restored, a node's request is answered
-        # "unavailable, retry" rather than "unknown node" (see master.server._guard).
+        # "unavailable, retry" rather than "unknown node" (see master.rpc.server._guard).
         self.resuming = resuming
         self.spec = spec
         self.platform = platform
@@ -140,7 +140,7 @@ class JobMaster:
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
-        # Automatic worker scaling and PS migration (master.autoscaler), when the YAML asks.
+        # Automatic worker scaling and PS migration (master.job.autoscaler), when the YAML asks.
         self.autoscaler = (
             AutoscaleExecutor(self, spec.autoscale) if spec.autoscale.enabled else None
         )
@@ -182,7 +182,7 @@ class JobMaster:
         self, node_type: str, replicas: int, reason: str, timeout: float = 30.0
     ) -> ScaleResult:
         """Ask the control loop to run `replicas` nodes of `node_type`; waits until applied.
-        A PS count change checkpoints and restarts the cluster (see master.migration)."""
+        A PS count change checkpoints and restarts the cluster (see master.job.migration)."""
         if node_type == "ps":
             if self.state.ended:
                 raise ValueError(f"the job has already ended ({self.state.value})")
@@ -557,7 +557,7 @@ class JobMaster:
             self._set_state(JobState.FAILED, decision.reason + detail)
 
     def _diagnose(self, node: Node, event: NodeEvent) -> Diagnosis:
-        """Why a node ended: master-side verdicts first, else the rules in master.diagnosis."""
+        """Why a node ended: master-side verdicts first, else the rules in master.job.diagnosis."""
         if node.extra.get("heartbeat_lost"):
             return Diagnosis(ExitReason.HEARTBEAT_LOST, "no heartbeat")
         if node.extra.get("hung"):
@@ -626,7 +626,7 @@ class JobMaster:
         reason: str = "",
         timeout: float = 300.0,
     ) -> MigrateResult:
-        """Move a PS to new resources (see master.migration); waits until the new one runs."""
+        """Move a PS to new resources (see master.job.migration); waits until the new one runs."""
         if self.state.ended:
             raise ValueError(f"the job has already ended ({self.state.value})")
         self._refuse_ps_change_under_keras()

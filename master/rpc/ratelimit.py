@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from master.rpc_handlers import RewrapCache, rewrap
+from master.rpc.rewrap import RewrapCache, rewrap
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0

@@ -17,13 +17,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from master.config import NODE_TYPES
-from master.events import JobEvent
+from master.job.events import JobEvent
 from master.nodes.model import NodeState
-from master.rpc_handlers import RewrapCache, rewrap
+from master.rpc.rewrap import RewrapCache, rewrap
 
 if TYPE_CHECKING:
-    from master.job import JobMaster
-    from master.telemetry import JobTelemetry
+    from master.job.master import JobMaster
+    from master.observability.telemetry import JobTelemetry
 
 # Unary RPCs range from ~0.1 ms (a heartbeat) to the 60 s a blocking GetShard may wait.
 RPC_BUCKETS_SECONDS = (

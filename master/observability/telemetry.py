@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from master.job import JobMaster
+    from master.job.master import JobMaster
 
 log = logging.getLogger(__name__)
 

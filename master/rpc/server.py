@@ -12,16 +12,16 @@ from concurrent import futures
 
 import grpc
 
-from master.checkpoints import Checkpoint
 from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
-from master.job import JobMaster
+from master.client.tls import ServerTLS
+from master.job.checkpoints import Checkpoint
+from master.job.master import JobMaster
 from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
-from master.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
+from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
 from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
-from master.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -416,8 +416,8 @@ def start_server(
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
     # Imported here to keep this change inside start_server (server.py has other owners).
-    from master.kv.servicer import add_kv_service
-    from master.rendezvous.servicer import add_rendezvous_service
+    from master.rpc.kv_servicer import add_kv_service
+    from master.rpc.rendezvous_servicer import add_rendezvous_service
 
     def node_check(ref: common_pb2.NodeRef) -> None:
         check_node(job, ref)

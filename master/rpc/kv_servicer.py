@@ -6,7 +6,7 @@ import grpc
 
 from master.kv.store import KVStore
 from master.pb import common_pb2, kv_pb2, kv_pb2_grpc
-from master.rpc_guard import CallWatch, NodeCheck, check_wait_ms, guard
+from master.rpc.guard import CallWatch, NodeCheck, check_wait_ms, guard
 
 
 class KVServicer(kv_pb2_grpc.KVStoreServicer):

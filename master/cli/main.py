@@ -7,7 +7,7 @@ import logging
 import sys
 
 from master.config import MasterConfig, SpecError, load_job_spec
-from master.faults import FaultSpecError, parse_fault
+from master.job.faults import FaultSpecError, parse_fault
 from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
 
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.cmd == "submit" and args.platform == "k8s":
         # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
-        from master.k8s_submit import submit_k8s
+        from master.cli.k8s_submit import submit_k8s
 
         return submit_k8s(
             spec,
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             state=args.state,
             data_claim=args.data_claim,
         )
-    from master.submit import SubmitOptions, run_job
+    from master.cli.submit import SubmitOptions, run_job
 
     if args.cmd == "submit" and getattr(args, "master_actor", False):
         return _ray_master_actor(spec, args, argv)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         resume=resume,
         brain=_brain_location(args.brain, spec),
     )
-    from master.tls import TLSError
+    from master.client.tls import TLSError
 
     try:
         return run_job(spec, opts)
@@ -288,7 +288,7 @@ def _restartable_master(spec, args: argparse.Namespace, cfg: MasterConfig):
     import dataclasses
     import os
 
-    from master.submit import TOKEN_FILE, state_namespace
+    from master.cli.submit import TOKEN_FILE, state_namespace
 
     resume, ended = args.resume, ""
     if args.resume_if_started:
@@ -318,7 +318,7 @@ def _recorded_job_state(state_path: str, namespace: str) -> str:
     import json
     import os
 
-    from master.job import JOB_TABLE
+    from master.job.master import JOB_TABLE
     from master.state.factory import open_state_store, parse_state_url
 
     if parse_state_url(state_path).kind == "sqlite" and not os.path.exists(state_path):
@@ -347,9 +347,9 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     """Run the master as a supervised child that is restarted, with its nodes kept, if it dies."""
     import os
 
+    from master.cli.submit import default_run_dir, state_namespace
+    from master.cli.supervisor import MasterSupervisor
     from master.platform.local import free_port
-    from master.submit import default_run_dir, state_namespace
-    from master.supervisor import MasterSupervisor
 
     run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
     host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
@@ -388,10 +388,10 @@ def _ray_master_actor(spec, args: argparse.Namespace, argv: list[str]) -> int:
     import os
     import time
 
+    from master.cli.submit import default_run_dir, state_namespace
+    from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
     from master.platform.local import free_port
     from master.platform.ray_platform import MASTER_ACTOR_NAME, start_master_actor
-    from master.submit import default_run_dir, state_namespace
-    from master.supervisor import DEFAULT_MAX_MASTER_RESTARTS
 
     if args.platform != "ray" or not args.ray_address:
         print(
@@ -505,7 +505,7 @@ def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
     import os
     import time
 
-    from master.chaos import format_report, plan_kills, run_chaos, write_report
+    from master.cli.chaos import format_report, plan_kills, run_chaos, write_report
 
     try:
         spec = load_job_spec(args.job_yaml)
@@ -535,7 +535,7 @@ def _chaos(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _admin_client(args: argparse.Namespace):
     from master.client import MasterClient, read_token
-    from master.tls import ClientTLS
+    from master.client.tls import ClientTLS
 
     token = read_token({"DLROVER_JOB_TOKEN_FILE": args.token_file})
     tls = ClientTLS(args.ca_file, args.client_cert, args.client_key) if args.ca_file else None
@@ -612,8 +612,8 @@ def _status(args: argparse.Namespace) -> int:
     import os
 
     from master.client import MasterError
-    from master.dashboard.auth import TOKEN_FILE, read_token
-    from master.status_view import DashboardAccess, show_status
+    from master.observability.dashboard.auth import TOKEN_FILE, read_token
+    from master.observability.status_view import DashboardAccess, show_status
 
     token_file = os.path.join(os.path.dirname(os.path.abspath(args.token_file)), TOKEN_FILE)
     try:

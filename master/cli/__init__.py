@@ -1,0 +1,2 @@
+"""The `dlrover` command: one module per subcommand, and the submission paths (the local
+supervisor, Kubernetes)."""
