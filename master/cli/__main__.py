@@ -1,6 +1,7 @@
 """`python -m master.cli`: the `dlrover` command."""
 
-from master.cli.main.main import main
+import sys
 
-if __name__ == "__main__":
-    main()
+from master.cli.main import main
+
+sys.exit(main())

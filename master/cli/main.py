@@ -289,13 +289,14 @@ def _restartable_master(spec, args: argparse.Namespace, cfg: MasterConfig):
     import os
 
     from master.cli.submit import TOKEN_FILE, state_namespace
+    from master.state.job_record import recorded_job_state
 
     resume, ended = args.resume, ""
     if args.resume_if_started:
         if not args.run_dir:
             raise ValueError("--resume-if-started needs --run-dir (the run to resume)")
         state = args.state or os.path.join(os.path.abspath(args.run_dir), "state.sqlite")
-        recorded = _recorded_job_state(state, state_namespace(spec, os.path.abspath(args.run_dir)))
+        recorded = recorded_job_state(state, state_namespace(spec, os.path.abspath(args.run_dir)))
         if recorded in ("succeeded", "failed", "stopped"):
             ended = recorded
         resume = recorded == "running"
@@ -311,28 +312,6 @@ def _restartable_master(spec, args: argparse.Namespace, cfg: MasterConfig):
                 with os.fdopen(fd, "w") as f:
                     f.write(token)
     return resume, ended, cfg
-
-
-def _recorded_job_state(state_path: str, namespace: str) -> str:
-    """How the job in the state store stands: "running", its end state, or "" (not started)."""
-    import json
-    import os
-
-    from master.job.master import JOB_TABLE
-    from master.state.factory import open_state_store, parse_state_url
-
-    if parse_state_url(state_path).kind == "sqlite" and not os.path.exists(state_path):
-        return ""
-    store = open_state_store(state_path, job=namespace)
-    try:
-        started = store.get(JOB_TABLE, "runtime") is not None
-        raw = store.get(JOB_TABLE, "status")
-    finally:
-        store.close()
-    state = json.loads(raw)["state"] if raw is not None else ""
-    if state in ("succeeded", "failed", "stopped"):
-        return state
-    return "running" if started else ""
 
 
 def _platform_options(args: argparse.Namespace) -> dict[str, str]:

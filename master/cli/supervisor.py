@@ -8,7 +8,6 @@ also a child subreaper: nodes whose master died are re-parented here and reaped 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -38,24 +37,14 @@ def _die_with_parent() -> None:
 
 def resumable(state_path: str, job: str) -> bool:
     """Whether the state store holds a started job that has not ended (a master to restart)."""
-    from master.job.master import JOB_TABLE
     from master.state.api import StateStoreError
-    from master.state.factory import open_state_store, parse_state_url
+    from master.state.job_record import recorded_job_state
 
-    if parse_state_url(state_path).kind == "sqlite" and not os.path.exists(state_path):
-        return False
     try:
-        store = open_state_store(state_path, job=job)
+        return recorded_job_state(state_path, job) == "running"
     except StateStoreError as e:
         log.error("cannot read the job's state to decide on a restart: %s", e)
         return False
-    try:
-        started = store.get(JOB_TABLE, "runtime") is not None
-        raw = store.get(JOB_TABLE, "status")
-    finally:
-        store.close()
-    ended = raw is not None and json.loads(raw)["state"] in ("succeeded", "failed", "stopped")
-    return started and not ended
 
 
 class MasterSupervisor:

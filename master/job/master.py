@@ -47,6 +47,7 @@ from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
 from master.sharding.streams import StreamRegistry
 from master.state.api import StateStore
+from master.state.job_record import JOB_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,6 @@ PS_CHANGE_KEY = "ps_change"  # the PS move or count change in progress
 AUTOSCALE_KEY = "autoscale"  # the auto-scaler's measurements
 PS_RESIZE_TIMEOUT_SECONDS = 300.0  # pause, checkpoint, and every TF process stopped
 MAX_REPLICAS = 1024
-JOB_TABLE = "job"
 # How often the control loop checks that no newer master instance has taken over.
 FENCE_CHECK_SECONDS = 1.0
 STRAGGLER_CHECK_SECONDS = 5.0

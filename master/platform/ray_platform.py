@@ -202,10 +202,10 @@ class MasterActor:
 
     def _watch(self) -> None:
         code = self._proc.wait()
-        from master.cli.main import _recorded_job_state
+        from master.state.job_record import recorded_job_state
 
         try:
-            state = _recorded_job_state(self._state, self._state_job)
+            state = recorded_job_state(self._state, self._state_job)
         except Exception as e:  # the state cannot be read: let Ray try again
             log.error("master actor: cannot read the job's state: %s", e)
             state = "running"

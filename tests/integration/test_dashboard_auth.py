@@ -13,7 +13,7 @@ import stat
 
 import pytest
 
-from master import cli
+from master.cli import main as cli
 from master.client.tls import make_job_certificates
 from master.observability.dashboard.auth import TOKEN_FILE
 from master.observability.endpoint import Observability

@@ -237,8 +237,8 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
     from master.cli.main import _restartable_master
     from master.cli.submit import TOKEN_FILE, state_namespace
     from master.config import MasterConfig, parse_job_spec
-    from master.job.master import JOB_TABLE
     from master.state.factory import open_state_store
+    from master.state.job_record import JOB_TABLE
 
     job = {"name": JOB, "command": ["true"], "worker": {"replicas": 1}}
     spec = parse_job_spec(job, "test", str(tmp_path))
