@@ -23,6 +23,8 @@ setup(
             "dlrover_torch.*",
         ]
     ),
+    # The dashboard page is served from the package (non-editable installs, the Docker image).
+    package_data={"master.observability.dashboard": ["index.html"]},
     install_requires=[
         "grpcio>=1.60",
         "protobuf>=4.25,<5",
