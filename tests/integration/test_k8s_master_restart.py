@@ -234,7 +234,7 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
     pod's empty run dir: --resume-if-started resumes with the token from the mounted secret."""
     import argparse
 
-    from master.cli.main import _restartable_master
+    from master.cli.cmd_submit import restartable_master as _restartable_master
     from master.cli.submit import TOKEN_FILE, state_namespace
     from master.config import MasterConfig, parse_job_spec
     from master.state.factory import open_state_store

@@ -1,0 +1,281 @@
+"""`dlrover submit` and `dlrover master`: run a job from its YAML spec, locally (supervised),
+on Ray or on Kubernetes; `master` is the same without the live display."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from master.cli.cmd_brain import brain_location
+from master.cli.ray_master_actor import run_master_actor
+from master.config import JobSpec, MasterConfig, SpecError, load_job_spec
+from master.job.faults import FaultSpecError, parse_fault
+from master.platform.api import PlatformError
+from master.platform.factory import PLATFORMS
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `submit` and `master` subcommands and their (mostly shared) flags."""
+    for name, help_text in (
+        ("submit", "run a job from its YAML spec (local processes by default), with live progress"),
+        ("master", "run a job's master without the live display (for containers and scripts)"),
+    ):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("job_yaml", help="the job spec (see README: 'The job YAML')")
+        s.add_argument(
+            "--platform", default="local", choices=PLATFORMS, help="where nodes run (default local)"
+        )
+        s.add_argument(
+            "--ray-address",
+            default="",
+            help="with --platform ray: the cluster (default: start one)",
+        )
+        if name == "submit":
+            s.add_argument(
+                "--master-actor",
+                action="store_true",
+                help="with --platform ray --ray-address: run the master as a detached Ray actor "
+                "that Ray restarts if it dies (the job goes on if this command ends)",
+            )
+        s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
+        s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
+        s.add_argument(
+            "--brain",
+            default="",
+            metavar="LOCATION",
+            help="job history to learn from and record to: a SQLite file, or the http:// URL of "
+            "`dlrover brain serve`; 'off' for none (default: WORKDIR/runs/brain.sqlite)",
+        )
+        s.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="port of /metrics and the dashboard (default: the job's metrics_port; 0: any)",
+        )
+        s.add_argument("--run-dir", default="", help="logs, state and model dir of this run")
+        s.add_argument("--summary-json", default="", help="write the job summary here at the end")
+        s.add_argument(
+            "--kill",
+            action="append",
+            default=[],
+            metavar="TYPE:RANK@WHEN",
+            help="fault injection: kill a node when WHEN is reached: 50%% (of all records), "
+            "30s (after start) or step=1000; e.g. worker:1@50%%. May repeat.",
+        )
+        s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
+        s.add_argument(
+            "--tls",
+            action="store_true",
+            help="serve gRPC over mutual TLS with certificates made for this job (<run dir>/tls)",
+        )
+        s.add_argument(
+            "--state",
+            default="",
+            help="where the master keeps its state: a SQLite path (default <run dir>/state.sqlite) "
+            "or etcd://host:port[,host:port][/prefix]",
+        )
+        s.add_argument("--tls-cert", default="", help="the master's TLS certificate (PEM)")
+        s.add_argument("--tls-key", default="", help="the master's TLS private key (PEM)")
+        s.add_argument("--tls-ca", default="", help="the CA (PEM) nodes trust the master by")
+        # Internal: set by the `dlrover submit` supervisor on the master it runs.
+        s.add_argument("--lifeline-fd", type=int, default=-1, help=argparse.SUPPRESS)
+        s.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+        # Set in the master's Kubernetes Job: resume when the state holds the job running.
+        s.add_argument("--resume-if-started", action="store_true", help=argparse.SUPPRESS)
+        s.add_argument("--job-token-file", default="", help=argparse.SUPPRESS)
+        s.add_argument("--ray-namespace", default="", help=argparse.SUPPRESS)
+        s.add_argument("-v", "--verbose", action="store_true", help="log the master's internals")
+        if name == "submit":
+            s.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="with --platform k8s: print the job's Kubernetes objects as YAML, create none",
+            )
+            s.add_argument(
+                "--namespace", default="", help="with --platform k8s: namespace (default: default)"
+            )
+            s.add_argument(
+                "--image",
+                default="",
+                help="with --platform k8s: image of the master and nodes "
+                "(default: dlrover-elastic:latest)",
+            )
+            s.add_argument(
+                "--data-claim",
+                default="",
+                metavar="PVC",
+                help="with --platform k8s: PersistentVolumeClaim mounted at /var/dlrover in the "
+                "master and every node (run dirs; the state unless --state is etcd://)",
+            )
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run `submit` or `master` as args say; argv (the whole command line) is passed on to the
+    master that a supervisor or a Ray actor starts. Returns the exit code."""
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.cmd == "master" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = load_job_spec(args.job_yaml)
+        if args.metrics_port is not None:
+            spec = spec.with_overrides(metrics_port=args.metrics_port)
+        faults = tuple(parse_fault(k) for k in args.kill)
+        master_config = MasterConfig(
+            host=args.host,
+            port=args.port,
+            tls_auto=args.tls,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
+            **({"state_path": args.state} if args.state else {}),
+        )
+    except (SpecError, FaultSpecError, ValueError) as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    if args.cmd == "submit" and args.platform != "k8s":
+        given = [f for f in ("dry_run", "namespace", "image", "data_claim") if getattr(args, f)]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            print(f"dlrover: error: {flags} only apply with --platform k8s", file=sys.stderr)
+            return 2
+    if args.cmd == "submit" and args.platform == "k8s":
+        # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
+        from master.cli.k8s_submit import submit_k8s
+
+        return submit_k8s(
+            spec,
+            args.job_yaml,
+            args.namespace,
+            args.image,
+            args.dry_run,
+            state=args.state,
+            data_claim=args.data_claim,
+        )
+    from master.cli.submit import SubmitOptions, run_job
+
+    if args.cmd == "submit" and getattr(args, "master_actor", False):
+        return run_master_actor(spec, args, argv)
+    if args.cmd == "submit" and args.lifeline_fd < 0 and _supervised(args):
+        return _supervise(spec, args, argv)
+    resume = args.resume
+    if args.resume_if_started or args.job_token_file:
+        try:
+            resume, ended, master_config = restartable_master(spec, args, master_config)
+        except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: StateStoreError
+            print(f"dlrover: error: {e}", file=sys.stderr)
+            return 2
+        if ended:
+            print(f"dlrover: the job already ended ({ended}); nothing to run", file=sys.stderr)
+            return 0 if ended == "succeeded" else 1
+    opts = SubmitOptions(
+        master=master_config,
+        run_dir=args.run_dir,
+        summary_json=args.summary_json,
+        faults=faults,
+        status_interval=args.status_interval,
+        quiet=args.cmd == "master",
+        platform=args.platform,
+        platform_options=_platform_options(args),
+        resume=resume,
+        brain=brain_location(args.brain, spec),
+    )
+    from master.client.tls import TLSError
+
+    try:
+        return run_job(spec, opts)
+    except (OSError, PlatformError, TLSError) as e:
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _supervised(args: argparse.Namespace) -> bool:
+    """Whether `dlrover submit` runs the master as a child it restarts: always locally; on Ray
+    when the cluster outlives the master (--ray-address), so its node actors can too."""
+    return args.platform == "local" or (args.platform == "ray" and bool(args.ray_address))
+
+
+def restartable_master(
+    spec: JobSpec, args: argparse.Namespace, cfg: MasterConfig
+) -> tuple[bool, str, MasterConfig]:
+    """(resume, ended state or "", config) of a master that may be a restarted one.
+
+    --resume-if-started: resume when the state holds the job running; report its end when it
+    holds it ended. --job-token-file: the token a previous master gave its nodes, if the file
+    exists (a fresh job makes a new one).
+    """
+    import dataclasses
+    import os
+
+    from master.cli.submit import TOKEN_FILE, state_namespace
+    from master.state.job_record import recorded_job_state
+
+    resume, ended = args.resume, ""
+    if args.resume_if_started:
+        if not args.run_dir:
+            raise ValueError("--resume-if-started needs --run-dir (the run to resume)")
+        state = args.state or os.path.join(os.path.abspath(args.run_dir), "state.sqlite")
+        recorded = recorded_job_state(state, state_namespace(spec, os.path.abspath(args.run_dir)))
+        if recorded in ("succeeded", "failed", "stopped"):
+            ended = recorded
+        resume = recorded == "running"
+    if args.job_token_file and os.path.exists(args.job_token_file):
+        with open(args.job_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if token:
+            cfg = dataclasses.replace(cfg, job_token=token)
+            kept = os.path.join(os.path.abspath(args.run_dir or "."), TOKEN_FILE)
+            if resume and not os.path.exists(kept):  # a new pod: its run dir was not kept
+                os.makedirs(os.path.dirname(kept), exist_ok=True)
+                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(token)
+    return resume, ended, cfg
+
+
+def _platform_options(args: argparse.Namespace) -> dict[str, str]:
+    if args.platform == "ray":
+        return {"address": args.ray_address, "namespace": args.ray_namespace}
+    if args.platform == "local" and args.lifeline_fd >= 0:
+        return {"lifeline_fd": str(args.lifeline_fd)}
+    return {}
+
+
+def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the master as a supervised child that is restarted, with its nodes kept, if it dies."""
+    import os
+
+    from master.cli.submit import default_run_dir, state_namespace
+    from master.cli.supervisor import MasterSupervisor
+    from master.platform.local import free_port
+
+    run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
+    host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    port = args.port or free_port(host)
+    metrics_port = spec.metrics_port or free_port(host)  # the dashboard URL survives restarts
+    # Later options win in argparse: the child and every restart share this run dir and ports.
+    child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
+    child += ["--metrics-port", str(metrics_port)]
+    state = args.state or os.path.join(run_dir, "state.sqlite")
+    namespace = state_namespace(spec, run_dir)
+    anchor = None
+    if args.platform == "ray":
+        # Node actors are created through an anchor this process holds: they outlive a
+        # master that dies, and end with this process (see master/platform/ray_platform.py).
+        from master.platform.ray_platform import start_job_anchor
+
+        ray_namespace = "dlrover-" + namespace.replace("/", "-")
+        try:
+            anchor = start_job_anchor(args.ray_address, ray_namespace)
+        except PlatformError as e:
+            print(f"dlrover: error: {e}", file=sys.stderr)
+            return 2
+        child += ["--ray-namespace", ray_namespace]
+    try:
+        return MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace).run()
+    finally:
+        if anchor is not None:
+            import ray
+
+            ray.shutdown()  # the anchor, and every node actor it owns, end with this driver
