@@ -1,1 +1,1 @@
-"""Where nodes run: one interface (launch, stop, events) and the local, Ray and Kubernetes platforms."""
+"""Where nodes run: one interface (launch, stop, events); local, Ray and Kubernetes platforms."""

@@ -1,1 +1,1 @@
-"""Torch rendezvous rounds: the pure round state machine and the durable, blocking service over it."""
+"""Torch rendezvous rounds: the pure round state machine, and the durable blocking service."""
