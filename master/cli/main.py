@@ -343,7 +343,7 @@ def _supervise(spec, args: argparse.Namespace, argv: list[str]) -> int:
     if args.platform == "ray":
         # Node actors are created through an anchor this process holds: they outlive a
         # master that dies, and end with this process (see master/platform/ray_platform.py).
-        from master.platform.ray_platform import start_job_anchor
+        from master.platform.ray.job_anchor import start_job_anchor
 
         ray_namespace = "dlrover-" + namespace.replace("/", "-")
         try:
@@ -370,7 +370,7 @@ def _ray_master_actor(spec, args: argparse.Namespace, argv: list[str]) -> int:
     from master.cli.submit import default_run_dir, state_namespace
     from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
     from master.platform.local import free_port
-    from master.platform.ray_platform import MASTER_ACTOR_NAME, start_master_actor
+    from master.platform.ray.master_actor import MASTER_ACTOR_NAME, start_master_actor
 
     if args.platform != "ray" or not args.ray_address:
         print(
