@@ -2,9 +2,10 @@
 
 Decide, then act. `decide` is a pure function from the settings (the job YAML's `autoscale:`
 section), the scaler's own state and one `Observation` (throughput, worker count, PS loads) to
-a new state and a `Decision` with its reason. `AutoscaleExecutor` samples a `JobMaster` from
-its control loop, calls `decide`, and applies what it says through the job's own scaling and
-PS migration, emitting each decision as an `autoscale` event.
+a new state and a `Decision` with its reason. `Autoscaler` samples a job (what it reads of it is
+`ObservedJob`) from the job's control loop, calls `decide` and hands the decision back; the job
+applies it through its own scaling and PS migration (master.job.scaling), emitting it as an
+`autoscale` event. The autoscaler never acts on the job.
 
 Workers: a table of measured records/s per worker count. From the count it is at, the scaler
 adds one worker; once the new count is measured, the addition is judged: it paid if it brought
@@ -31,13 +32,17 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from master.config import AutoscaleSpec
 from master.nodes.model import TRAINING_TYPES, NodeState
 
 if TYPE_CHECKING:
-    from master.job.master import JobMaster
+    from master.config import JobSpec
+    from master.job.migration import PSMigrator
+    from master.job.model import JobState
+    from master.nodes.manager import NodeManager
+    from master.sharding.service import ShardingService
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +315,20 @@ def brain_hint(brain: Any, spec: Any) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The executor (runs inside JobMaster's control loop)
+# The sampler (runs inside the job's control loop)
+
+
+class ObservedJob(Protocol):
+    """What the autoscaler reads of a job to observe it (master.job.master.JobMaster is one)."""
+
+    state: JobState
+    spec: JobSpec
+    nodes: NodeManager
+    sharding: ShardingService
+    migrator: PSMigrator
+
+    @property
+    def replicas(self) -> dict[str, int]: ...
 
 
 class ProcessProbe:
@@ -349,19 +367,22 @@ class ProcessProbe:
         return (cpu, rss) if known else None
 
 
-class AutoscaleExecutor:
-    """Samples a job every `interval_seconds`, decides, and applies the decision.
+class Autoscaler:
+    """Samples a job every `interval_seconds` and decides; the job applies each decision.
 
-    Called from the master's control loop thread only: it scales through `JobMaster._scale`
-    directly (a request would wait for this very loop) and queues migrations on the job's
-    PSMigrator, never while one is in flight."""
+    Called from the job's control loop thread only. It remembers its measurements, the last
+    decision (for the status and for a restarted master) and the PS migration it asked for,
+    so it decides nothing new while that one is in flight."""
 
-    def __init__(self, job: JobMaster, cfg: AutoscaleSpec, hint: int = 0, reason: str = "") -> None:
+    def __init__(
+        self, job: ObservedJob | None, cfg: AutoscaleSpec, hint: int = 0, reason: str = ""
+    ) -> None:
         self.job = job
         self.cfg = cfg
         self.state = initial_state(hint, reason)
         self.last_decision: Decision | None = None
         self.last_decision_at = 0.0  # time.time()
+        self.last_observation: Observation | None = None
         self.note = "starting"  # the latest reason, decision or not
         self.decisions = 0
         self._next = 0.0
@@ -402,7 +423,8 @@ class AutoscaleExecutor:
             self.state = initial_state(hint, reason)
 
     def tick(self, now: float | None = None) -> Decision | None:
-        """Sample, decide and act if the interval has passed; the decision taken, if any."""
+        """Sample and decide if the interval has passed: the decision for the job to apply
+        (recorded as taken), or None when there is nothing to do."""
         now = time.monotonic() if now is None else now
         if now < self._next or self.job.state.ended:
             return None
@@ -413,8 +435,37 @@ class AutoscaleExecutor:
         if decision.action == NONE:
             log.debug("autoscale: %s", decision.reason)
             return None
-        self._apply(decision, obs)
+        self.decisions += 1
+        self.last_decision = decision
+        self.last_decision_at = time.time()
+        self.last_observation = obs
         return decision
+
+    def event_details(self, d: Decision) -> dict[str, Any]:
+        """The `autoscale` event's reason and details for decision `d` of the last tick."""
+        obs = self.last_observation
+        table = {str(k): round(v, 2) for k, v in sorted(self.state.table.items())}
+        return {
+            "reason": d.action,
+            "action": d.action,
+            "workers": d.workers,
+            "previous_workers": obs.workers if obs else 0,
+            "ps_rank": d.ps_rank,
+            "cpu": d.cpu,
+            "memory_mb": d.memory_mb,
+            "records_per_second": round(obs.records_per_second, 2) if obs else 0.0,
+            "throughput_table": table,
+        }
+
+    def migration_requested(self, done: Future) -> None:
+        """The job asked its PS migrator for the move decided: wait for it before deciding."""
+        self._migration = done
+
+    def not_applied(self, d: Decision, error: Exception) -> None:
+        """The job could not apply `d` (e.g. the node ended meanwhile): the next sample decides
+        again."""
+        log.warning("autoscale: cannot apply %s: %s", d.action, error)
+        self.note = f"could not apply the last decision: {error}"
 
     def observe(self, now: float) -> Observation:
         """The job as the scaler sees it now."""
@@ -474,36 +525,6 @@ class AutoscaleExecutor:
             worker_cpu=job.spec.worker.cpu,
             worker_memory_mb=job.spec.worker.memory_mb,
         )
-
-    def _apply(self, d: Decision, obs: Observation) -> None:
-        self.decisions += 1
-        self.last_decision = d
-        self.last_decision_at = time.time()
-        self.job.save_autoscale(self.record())
-        table = {str(k): round(v, 2) for k, v in sorted(self.state.table.items())}
-        self.job.emit(
-            EVENT_KIND,
-            f"autoscale: {d.reason}",
-            reason=d.action,
-            action=d.action,
-            workers=d.workers,
-            previous_workers=obs.workers,
-            ps_rank=d.ps_rank,
-            cpu=d.cpu,
-            memory_mb=d.memory_mb,
-            records_per_second=round(obs.records_per_second, 2),
-            throughput_table=table,
-        )
-        try:
-            if d.action == SCALE_WORKERS:
-                self.job._scale("worker", d.workers, "autoscale")
-            elif d.action == MIGRATE_PS:
-                self._migration = self.job.migrator.request(
-                    "ps", d.ps_rank, d.memory_mb, d.cpu, "autoscale", self.job.replicas["ps"]
-                )
-        except ValueError as e:  # e.g. the node ended meanwhile: the next sample decides again
-            log.warning("autoscale: cannot apply %s: %s", d.action, e)
-            self.note = f"could not apply the last decision: {e}"
 
     def status(self) -> dict[str, Any]:
         """For the status document: the last decision, the current reasoning, the table."""
