@@ -1,7 +1,8 @@
 """What a node is launched with: its command, environment, `TF_CONFIG` and launch spec.
 
-Pure functions of the job spec and the node; the job master asks the platform for addresses
-(remembering them, so a node keeps its address across relaunches) and launches the result."""
+Pure functions of the job spec and the node. `LaunchMixin` is the part of `JobMaster` that asks
+the platform for addresses (remembering them, so a node keeps its address across relaunches)
+and launches the result."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from master.client import (
     ENV_JOB_TOKEN_FILE,
@@ -21,6 +23,10 @@ from master.config import JobSpec
 from master.job.model import JobRuntime
 from master.nodes.model import Node
 from master.platform.api import NodeLaunchSpec
+
+if TYPE_CHECKING:
+    from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
 
 # The types TF_CONFIG lists (an evaluator is a task of its own, outside the cluster).
 TF_CLUSTER_TYPES = ("ps", "chief", "worker")
@@ -41,7 +47,7 @@ def node_command(spec: JobSpec, node_type: str, python: str = sys.executable) ->
     return tuple(command)
 
 
-def tf_cluster(
+def tf_cluster_spec(
     spec: JobSpec, replicas: Mapping[str, int], address: Callable[[str, int], str]
 ) -> dict[str, list[str]]:
     """The TF cluster: every worker slot is listed, so PS can reach workers added later.
@@ -115,3 +121,50 @@ def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str
         cpu=node.cpu or spec.group(node.type).cpu,
         memory_mb=node.memory_mb,
     )
+
+
+class LaunchMixin:
+    """The part of `JobMaster` that launches node incarnations (and adopts a previous
+    master's) with what the functions above build."""
+
+    spec: JobSpec
+    runtime: JobRuntime
+    platform: Platform
+    nodes: NodeManager
+    _addresses: dict[tuple[str, int], str]
+    _emit: Callable[..., Any]
+    _save_runtime: Callable[[], None]
+    tf_cluster: Callable[[], dict[str, list[str]]]
+
+    def _launch(
+        self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
+    ) -> Node:
+        group = self.spec.group(node_type)
+        node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
+        node.cpu = cpu or group.cpu
+        address = self._address(node_type, rank)
+        log_path = node_log_path(self.runtime.run_dir, node)
+        inherited = os.environ if self.platform.inherits_master_env else None
+        env = node_env(self.spec, self.runtime, node, self.tf_cluster(), inherited)
+        self.platform.launch(launch_spec(self.spec, node, env, log_path))
+        self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
+        self._save_runtime()
+        self._emit(
+            "node_running",
+            f"{node.name} (id {node.id}) launched at {address}",
+            node,
+            relaunches=relaunches,
+            memory_mb=node.memory_mb,
+        )
+        return node
+
+    def _launch_spec(self, node: Node) -> NodeLaunchSpec:
+        """What a platform needs to adopt a node a previous master started."""
+        return launch_spec(self.spec, node, {}, node.log_path)
+
+    def _address(self, node_type: str, rank: int) -> str:
+        """The node address for (type, rank), remembered so a restarted master keeps it."""
+        key = (node_type, rank)
+        if key not in self._addresses:
+            self._addresses[key] = self.platform.address_for(node_type, rank)
+        return self._addresses[key]

@@ -25,7 +25,7 @@ from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
 from master.job.exits import NodeExitMixin
 from master.job.faults import Fault, FaultInjectionMixin
 from master.job.health import HealthMixin
-from master.job.launch import launch_spec, node_env, node_log_path, tf_cluster
+from master.job.launch import LaunchMixin, tf_cluster_spec
 from master.job.migration import MigrateResult, PSMigrator
 from master.job.model import (
     STOP_GRACE_SECONDS,
@@ -41,7 +41,7 @@ from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node
-from master.platform.api import NodeLaunchSpec, Platform
+from master.platform.api import Platform
 from master.rendezvous.rounds import Round
 from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
@@ -68,7 +68,13 @@ FENCE_CHECK_SECONDS = 1.0
 
 
 class JobMaster(
-    NodeExitMixin, HealthMixin, ScalingMixin, PSChangeMixin, RollbackMixin, FaultInjectionMixin
+    LaunchMixin,
+    NodeExitMixin,
+    HealthMixin,
+    ScalingMixin,
+    PSChangeMixin,
+    RollbackMixin,
+    FaultInjectionMixin,
 ):
     """Runs one job on a platform: the control loop applies policy decisions to node events."""
 
@@ -233,7 +239,7 @@ class JobMaster(
 
     def tf_cluster(self) -> dict[str, list[str]]:
         """The TF cluster: every worker slot is listed, so PS can reach workers added later."""
-        return tf_cluster(self.spec, self.replicas, self._address)
+        return tf_cluster_spec(self.spec, self.replicas, self._address)
 
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
         """The chief finished writing a checkpoint (with its ledger snapshots)."""
@@ -370,39 +376,6 @@ class JobMaster(
         self._check_health()
         self._inject_faults()
         self._check_completion()
-
-    def _launch(
-        self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
-    ) -> Node:
-        group = self.spec.group(node_type)
-        node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
-        node.cpu = cpu or group.cpu
-        address = self._address(node_type, rank)
-        log_path = node_log_path(self.runtime.run_dir, node)
-        inherited = os.environ if self.platform.inherits_master_env else None
-        env = node_env(self.spec, self.runtime, node, self.tf_cluster(), inherited)
-        self.platform.launch(launch_spec(self.spec, node, env, log_path))
-        self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
-        self._save_runtime()
-        self._emit(
-            "node_running",
-            f"{node.name} (id {node.id}) launched at {address}",
-            node,
-            relaunches=relaunches,
-            memory_mb=node.memory_mb,
-        )
-        return node
-
-    def _launch_spec(self, node: Node) -> NodeLaunchSpec:
-        """What a platform needs to adopt a node a previous master started."""
-        return launch_spec(self.spec, node, {}, node.log_path)
-
-    def _address(self, node_type: str, rank: int) -> str:
-        """The node address for (type, rank), remembered so a restarted master keeps it."""
-        key = (node_type, rank)
-        if key not in self._addresses:
-            self._addresses[key] = self.platform.address_for(node_type, rank)
-        return self._addresses[key]
 
     def _check_completion(self) -> None:
         now = time.monotonic()

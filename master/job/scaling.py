@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from master.job.autoscaler import EVENT_KIND, MIGRATE_PS, SCALE_WORKERS, Autoscaler
+from master.job.autoscale_policy import MIGRATE_PS, SCALE_WORKERS
+from master.job.autoscaler import EVENT_KIND, Autoscaler
 from master.job.model import JobState, NodeStart, ScaleResult
 from master.nodes.model import Node
 from master.state.job_record import JOB_TABLE

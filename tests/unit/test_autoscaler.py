@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from master.config import AutoscaleSpec, SpecError, parse_job_spec
-from master.job.autoscaler import (
+from master.job.autoscale_policy import (
     MIGRATE_PS,
     NONE,
     SCALE_WORKERS,
