@@ -21,9 +21,10 @@ from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
 from master.job.autoscaler import brain_hint
 from master.job.events import INCIDENT_KINDS, ROUTINE_KINDS
+from master.job.exits import STOP_CAUSE
 from master.job.faults import Fault
 from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
-from master.nodes.model import Node
+from master.nodes.model import ExitReason, Node
 from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
 from master.rpc.server import advertised_host, job_status_pb, start_server
@@ -171,7 +172,11 @@ def build_summary(job: JobMaster) -> dict:
 
 
 def _diagnosis_fields(node: Node) -> dict:
-    """A failed node's classified cause and the log excerpt showing it."""
+    """A failed node's classified cause and the log excerpt showing it; for a node the master
+    stopped, why ("stopped: job done")."""
+    cause = node.extra.get(STOP_CAUSE)
+    if cause and node.exit_reason == ExitReason.STOPPED:
+        return {"note": f"stopped: {cause}"}
     diagnosis = node.extra.get("diagnosis")
     if diagnosis is None or node.state.value != "failed":
         return {}

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 STREAM_DRAIN_SECONDS = 2.0
 # node.extra flag: the master restarts this chief after a PS loss (no relaunch budget used).
 COORDINATOR_RESTART = "coordinator_restart"
+# node.extra: why the master stopped the node (e.g. "job done"), said with its end.
+STOP_CAUSE = "stop_cause"
 
 
 class DataRecovery(str, enum.Enum):
@@ -167,12 +169,14 @@ class NodeExitMixin:
         requeued = self.sharding.release_everywhere(node.id)
         if ended_cleanly(reason):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
+            cause = node.extra.get(STOP_CAUSE, "") if reason == ExitReason.STOPPED else ""
             self._emit(
                 "node_exited",
-                f"{node.name} (id {node.id}) {reason.value}",
+                f"{node.name} (id {node.id}) {reason.value}" + (f": {cause}" if cause else ""),
                 node,
                 reason.value,
                 exit_code=event.exit_code,
+                **({"stop_cause": cause} if cause else {}),
             )
         else:
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.

@@ -20,9 +20,9 @@ from typing import Any
 from master.config import NODE_TYPES, JobSpec
 from master.job.autoscaler import Autoscaler
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
-from master.job.completion import SUCCESS_REASON, decide_completion
+from master.job.completion import JOB_DONE, decide_completion, success_reason
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
-from master.job.exits import NodeExitMixin
+from master.job.exits import STOP_CAUSE, NodeExitMixin
 from master.job.faults import Fault, FaultInjectionMixin
 from master.job.health import HealthMixin
 from master.job.launch import LaunchMixin, tf_cluster_spec
@@ -238,7 +238,8 @@ class JobMaster(
         return 100.0 * sum(s.records_done for s in stats) / total if total else 0.0
 
     def tf_cluster(self) -> dict[str, list[str]]:
-        """The TF cluster: every worker slot is listed, so PS can reach workers added later."""
+        """The TF cluster of the nodes that run, or of every worker slot when the job reserves
+        them (master.job.launch.tf_cluster_spec)."""
         return tf_cluster_spec(self.spec, self.replicas, self._address)
 
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
@@ -385,17 +386,23 @@ class JobMaster(
             self._training_done_at,
             now,
             self.spec.evaluator_grace_seconds,
+            self.spec.success_policy,
         )
+        reason = success_reason(self.spec.success_policy, self.replicas)
         if decision.training_done:
             self._training_done_at = now
             self._save_runtime()
-            self._emit("training_done", SUCCESS_REASON)
+            self._emit("training_done", reason)
         for node in decision.stop:
-            self._stop_node(node)
+            self._stop_node(node, JOB_DONE)
         if decision.succeeded:
-            self._set_state(JobState.SUCCEEDED, SUCCESS_REASON)
+            self._set_state(JobState.SUCCEEDED, reason)
 
-    def _stop_node(self, node: Node) -> None:
+    def _stop_node(self, node: Node, cause: str = "") -> None:
+        """Stop a node gracefully (SIGTERM, a grace period, SIGKILL); `cause` is said with
+        its end ("stopped: job done")."""
+        if cause:
+            node.extra[STOP_CAUSE] = cause
         node.stop_requested = True
         self.nodes.save(node)
         self.platform.stop_node(node.id, STOP_GRACE_SECONDS)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from master.job.events import INCIDENT_KINDS
+from master.job.exits import STOP_CAUSE
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -31,6 +32,8 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
     nodes = []
     for n in sorted(job.nodes.all_current(), key=lambda n: (_type_index(n.type), n.rank)):
         diagnosis = n.extra.get("diagnosis")
+        cause = n.extra.get(STOP_CAUSE) if n.exit_reason.value == "stopped" else ""
+        note = f"stopped: {cause}" if cause else diagnosis.summary if diagnosis else ""
         nodes.append(
             {
                 "name": n.name,
@@ -48,7 +51,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
                 "steps": n.steps,
                 "step_seconds": round(n.step_seconds, 5),
                 "straggler": bool(n.extra.get("straggler")),
-                "diagnosis": diagnosis.summary if diagnosis else "",
+                "diagnosis": note,
             }
         )
     datasets = []
