@@ -107,9 +107,51 @@ class ProgressPrinter:
             self.out.flush()
 
     def _loop(self) -> None:
+        hinted = False
         while not self._stop.wait(self.interval):
             if self.job is not None and not self.job.state.ended:
-                self._print(progress_line(self.job))
+                if not reports_progress(self.job):
+                    if not hinted:
+                        self._print(NO_REPORTS_HINT)
+                        hinted = True
+                    self._print(activity_line(self.job))
+                else:
+                    self._print(progress_line(self.job))
+
+
+# Said once by the live display of a program that reports nothing to the master.
+NO_REPORTS_HINT = (
+    "   (this program reports no steps to the master, so the display shows each node's state "
+    "and CPU use;\n    for steps and data progress use dlrover_tf's hooks (estimator) or its "
+    "Keras callback: README, 'Bring your TFJob / torchrun program')"
+)
+
+
+def reports_progress(job: JobMaster) -> bool:
+    """Whether the job's program reports to the master (steps, datasets, heartbeats)."""
+    return bool(
+        job.global_step
+        or job.sharding.stats()
+        or any(n.registered for n in job.nodes.all_current())
+    )
+
+
+def activity_line(job: JobMaster) -> str:
+    """The live line of a program without our hooks: elapsed time, each node's state and CPU
+    use (where measured), and the stuck note if the job looks stuck."""
+    nodes = sorted(job.nodes.all_current(), key=lambda n: (LAUNCH_ORDER.index(n.type), n.rank))
+    parts = [f"   [{job.elapsed():6.1f}s] no step reports"]
+    parts.append(
+        " ".join(
+            f"{n.name}:{STATE_SHORT.get(n.state.value, n.state.value)}"
+            + (f"(r{n.relaunches})" if n.relaunches else "")
+            + (f" {n.cpu_percent:.0f}%cpu" if n.state.value == "running" else "")
+            for n in nodes
+        )
+    )
+    if job.stuck_note:
+        parts.append(job.stuck_note)
+    return " | ".join(parts)
 
 
 def progress_line(job: JobMaster) -> str:

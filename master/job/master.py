@@ -38,6 +38,7 @@ from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
 from master.job.rollback import MODEL_RESTORED, RollbackMixin
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
 from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
+from master.job.stuck import StuckMixin
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node
@@ -71,6 +72,7 @@ class JobMaster(
     LaunchMixin,
     NodeExitMixin,
     HealthMixin,
+    StuckMixin,
     ScalingMixin,
     PSChangeMixin,
     RollbackMixin,
@@ -113,6 +115,12 @@ class JobMaster(
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
+        # Stuck detection (master.job.stuck): CPU samples, the current quiet spell, its note.
+        self._cpu_samples: dict[int, tuple[float, float]] = {}
+        self._cpu_sampled_at = 0.0
+        self._quiet_since: float | None = None
+        self._quiet_step = 0
+        self.stuck_note = ""  # "possibly stuck: ..." while the job looks stuck
         # Automatic worker scaling and PS migration (master.job.autoscaler), when the YAML asks:
         # it decides, this job applies (master.job.scaling).
         self.autoscaler = Autoscaler(self, spec.autoscale) if spec.autoscale.enabled else None
@@ -375,6 +383,7 @@ class JobMaster(
         self.migrator.advance()
         self._autoscale()
         self._check_health()
+        self._check_stuck()
         self._inject_faults()
         self._check_completion()
 

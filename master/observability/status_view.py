@@ -77,6 +77,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
         "name": job.spec.name,
         "state": job.state.value,
         "reason": job.reason,
+        "stuck": getattr(job, "stuck_note", ""),
         "global_step": job.global_step,
         "elapsed_seconds": round(job.elapsed(), 3),
         "started_at": time.time() - job.elapsed(),
@@ -119,6 +120,7 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
         f"  step {doc['global_step']:,}   elapsed {doc['elapsed_seconds']:.1f}s   "
         f"{_rate(doc['steps_per_second'])} steps/s   {_rate(doc['records_per_second'])} records/s"
         f"   cluster v{doc['cluster_version']}",
+        *([f"  {doc['stuck']}"] if doc.get("stuck") else []),
         "",
         "data",
     ]

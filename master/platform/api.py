@@ -73,6 +73,11 @@ class Platform(abc.ABC):
     def shutdown(self, grace_seconds: float) -> None:
         """Stop every node this platform started and release its resources."""
 
+    def cpu_seconds(self, node_id: int) -> float | None:
+        """CPU seconds a running node's processes used so far; None where the platform cannot
+        tell (its heartbeats then say how busy it is, if it sends any)."""
+        return None
+
     # -- resuming a job under a restarted master --------------------------------
 
     def handle(self, node_id: int) -> dict[str, Any]:

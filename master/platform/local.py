@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
 from master.platform.lifeline_guard import GUARD_MODULE, read_exit_file
+from master.platform.proc_stats import process_group_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,12 @@ class LocalPlatform(Platform):
                 message=tail,
             )
         )
+
+    def cpu_seconds(self, node_id: int) -> float | None:
+        """CPU seconds of the node's process group (see master.platform.proc_stats)."""
+        with self._lock:
+            run = self._running.get(node_id)
+        return process_group_cpu_seconds(run.pgid) if run is not None and run.pgid else None
 
     def handle(self, node_id: int) -> dict[str, int]:
         """What a later master needs to adopt the node: the pid of its process-group leader."""
