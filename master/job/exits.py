@@ -7,10 +7,12 @@ applies them when the platform reports a node's end."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from master.client import COORDINATOR_KEY
@@ -39,6 +41,8 @@ STREAM_DRAIN_SECONDS = 2.0
 COORDINATOR_RESTART = "coordinator_restart"
 # node.extra: why the master stopped the node (e.g. "job done"), said with its end.
 STOP_CAUSE = "stop_cause"
+# A trainer failing this soon after a PS was lost failed because of it.
+PS_LOSS_WINDOW_SECONDS = 120.0
 
 
 class DataRecovery(str, enum.Enum):
@@ -78,6 +82,23 @@ def exit_message(node: Node, event: NodeEvent) -> str:
     """The message kept with a node's end: what it reported of its failure, else the platform's."""
     reported = node.extra.get("reported_exit")
     return reported[1] if reported and reported[1] else event.message
+
+
+def ps_loss_cause(node: Node, ps_losses: Mapping[str, float], now: float) -> str:
+    """Why a trainer failed when a PS was lost shortly before (`ps_losses`: PS name -> when it
+    was lost, monotonic seconds): a TF2 coordinator cannot rebuild a lost PS's variables. ''
+    when no PS was lost within PS_LOSS_WINDOW_SECONDS."""
+    recent = sorted(n for n, t in ps_losses.items() if 0 <= now - t <= PS_LOSS_WINDOW_SECONDS)
+    if node.type not in TRAINING_TYPES or not recent:
+        return ""
+    cause = f"after {', '.join(recent)} was lost"
+    if node.type == "chief":
+        cause += (
+            " (a TF2 coordinator cannot rebuild the variables a PS held, so it fails; "
+            "relaunched, it goes on from the program's own checkpoints, from scratch if it "
+            "writes none)"
+        )
+    return cause
 
 
 def ended_cleanly(reason: ExitReason) -> bool:
@@ -143,6 +164,7 @@ class NodeExitMixin:
     rendezvous: RendezvousService
     migrator: PSMigrator
     _job_relaunches: int
+    _ps_losses: dict[str, float]  # PS name -> when it was last lost (monotonic)
     _training_done_at: float | None
     _chief_reports_restores: bool
     _emit: Callable[..., Any]
@@ -182,6 +204,13 @@ class NodeExitMixin:
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.
             self.rendezvous.node_died((node.type, node.rank), node.id)
             more = f"; {sum(requeued.values())} unconsumed records re-queued" if requeued else ""
+            if node.type == "ps":
+                self._ps_losses[node.name] = time.monotonic()
+            cause = ps_loss_cause(node, self._ps_losses, time.monotonic())
+            if cause:  # not its own code's fault: a relaunch can help
+                more += f", {cause}"
+                diagnosis = dataclasses.replace(diagnosis, deterministic=False)
+                node.extra["diagnosis"] = diagnosis
             self._emit(
                 "node_failed",
                 f"{node.name} (id {node.id}) {reason.value}, exit code {event.exit_code}{more}",
@@ -192,6 +221,7 @@ class NodeExitMixin:
                 excerpt=diagnosis.excerpt,
                 deterministic=diagnosis.deterministic,
                 records_requeued=sum(requeued.values()),
+                **({"cause": cause} if cause else {}),
             )
         migration = self.migrator.on_exit(node)
         if migration is not None:

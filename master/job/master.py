@@ -126,6 +126,7 @@ class JobMaster(
         self.autoscaler = Autoscaler(self, spec.autoscale) if spec.autoscale.enabled else None
         self._faults = list(faults)  # given at submit; _fired_faults says which already fired
         self._job_relaunches = 0
+        self._ps_losses: dict[str, float] = {}  # PS name -> when it was last lost (monotonic)
         self._started = time.monotonic()
         self._training_done_at: float | None = None
         self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()

@@ -162,3 +162,16 @@ def test_a_worker_that_succeeded_is_done_but_a_ps_that_exited_is_relaunched():
     assert relaunch_decision(ps, _diagnosis(ExitReason.SUCCEEDED), SPEC, 0, False).action == (
         Action.RELAUNCH
     )
+
+
+def test_a_trainer_failing_soon_after_a_ps_loss_names_it_as_the_cause():
+    from master.job.exits import PS_LOSS_WINDOW_SECONDS, ps_loss_cause
+
+    chief, worker, ps = Node("chief", 0, id=2), Node("worker", 1, id=4), Node("ps", 0, id=1)
+    losses = {"ps-0": 100.0}
+    cause = ps_loss_cause(chief, losses, 130.0)
+    assert cause.startswith("after ps-0 was lost (a TF2 coordinator cannot rebuild the variables")
+    assert ps_loss_cause(worker, losses, 130.0) == "after ps-0 was lost"
+    assert ps_loss_cause(ps, losses, 130.0) == ""
+    assert ps_loss_cause(chief, losses, 100.0 + PS_LOSS_WINDOW_SECONDS + 1) == ""
+    assert ps_loss_cause(chief, {}, 130.0) == ""
