@@ -168,3 +168,35 @@ def test_reserved_slots_the_coordinator_waits_and_stuck_detection_names_the_miss
     # Judged after the quiet spell, not from the start (TF's start-up takes its own time).
     quiet = stuck[0]["details"]["quiet_seconds"]
     assert 15 <= quiet < 30, quiet
+
+
+def test_a_ps_sigkilled_half_way_fails_the_chief_which_is_relaunched_naming_the_cause(tmp_path):
+    # The program has no recovery of its own: its coordinator fails on the lost PS. The master
+    # relaunches the PS at its address and the chief, which trains again from scratch (it
+    # writes no checkpoint) with the workers still serving; never a hang.
+    proc = submit(write_job(tmp_path, epochs=6, steps=150), tmp_path)
+    try:
+        run_dir = proc.stdout.readline().split("run dir ")[1].strip()
+        _wait_for_line(os.path.join(run_dir, "logs", "chief-0.*.log"), r"^Epoch 3/6")
+        os.killpg(_pgid_of(run_dir, "ps", 0), signal.SIGKILL)
+        out, summary = finish(proc, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert summary["status"] == "succeeded"
+    chiefs = [n for n in summary["nodes"] if n["type"] == "chief"]
+    assert [n["status"] for n in chiefs] == ["failed", "succeeded"]
+    assert chiefs[0]["exit_reason"] == "comm_error"
+    failed = [e for e in summary["events"] if e["kind"] == "node_failed"]
+    chief_failed = [e for e in failed if e["node_type"] == "chief"]
+    assert "after ps-0 was lost" in chief_failed[0]["message"]
+    assert chief_failed[0]["details"]["cause"].startswith("after ps-0 was lost")
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert [n["exit_reason"] for n in ps] == ["killed", "stopped"]
+    launched = {
+        e["message"].split(" launched at ")[1]
+        for e in summary["events"]
+        if e["kind"] == "node_running" and e["node_type"] == "ps"
+    }
+    assert len(launched) == 1  # the relaunched PS serves at the same address
