@@ -102,7 +102,9 @@ class JobMaster(
         self.progress_streams = StreamRegistry()
         self.checkpoints = CheckpointRegistry(store)
         # Torch rendezvous rounds; each closed round is a job event.
-        self.rendezvous = RendezvousService(store, on_round=self._on_rendezvous_round)
+        self.rendezvous = RendezvousService(
+            store, on_round=self._on_rendezvous_round, describe_silent=self._silent_node_cause
+        )
         self.kv = KVStore(store)  # behind the torch Store of the agents
         self.state = JobState.PENDING
         self.reason = ""
@@ -117,6 +119,7 @@ class JobMaster(
         self._stragglers_checked_at = 0.0
         # Stuck detection (master.job.stuck): CPU samples, the current quiet spell, its note.
         self._cpu_samples: dict[int, tuple[float, float]] = {}
+        self._measured_cpu: dict[int, float] = {}
         self._cpu_sampled_at = 0.0
         self._quiet_since: float | None = None
         self._quiet_step = 0

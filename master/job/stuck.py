@@ -151,6 +151,7 @@ class StuckMixin:
     stuck_note: str
     _training_done_at: float | None
     _cpu_samples: dict[int, tuple[float, float]]
+    _measured_cpu: dict[int, float]
     _cpu_sampled_at: float
     _quiet_since: float | None
     _quiet_step: int
@@ -161,15 +162,21 @@ class StuckMixin:
     def _sample_cpu(self, now: float) -> None:
         """Each running node's CPU use since the last sample, where the platform measures it
         (a node that sends heartbeats keeps the figure they bring)."""
-        for node in self.nodes.all_current():
+        nodes = self.nodes.all_current()
+        measured = self.platform.cpu_seconds([n.id for n in nodes if n.state == NodeState.RUNNING])
+        for node in nodes:
             if node.state != NodeState.RUNNING:
                 self._cpu_samples.pop(node.id, None)
+                self._measured_cpu.pop(node.id, None)
                 continue
-            used = self.platform.cpu_seconds(node.id)
+            used = measured.get(node.id)
             percent = cpu_percent(self._cpu_samples.get(node.id), now, used)
             if used is not None:
                 self._cpu_samples[node.id] = (now, used)
-            if percent is not None and not node.registered:
+            if percent is None:
+                continue
+            self._measured_cpu[node.id] = percent
+            if not node.registered:
                 node.cpu_percent = percent
 
     def _activities(self) -> list[NodeActivity]:

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
 from master.platform.lifeline_guard import GUARD_MODULE, read_exit_file
-from master.platform.proc_stats import process_group_cpu_seconds
+from master.platform.proc_stats import process_groups_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +225,12 @@ class LocalPlatform(Platform):
             )
         )
 
-    def cpu_seconds(self, node_id: int) -> float | None:
-        """CPU seconds of the node's process group (see master.platform.proc_stats)."""
+    def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
+        """CPU seconds of each node's process group (see master.platform.proc_stats)."""
         with self._lock:
-            run = self._running.get(node_id)
-        return process_group_cpu_seconds(run.pgid) if run is not None and run.pgid else None
+            pgids = {i: r.pgid for i in node_ids if (r := self._running.get(i)) and r.pgid}
+        used = process_groups_cpu_seconds(pgids.values())
+        return {i: used[pgid] for i, pgid in pgids.items() if pgid in used}
 
     def handle(self, node_id: int) -> dict[str, int]:
         """What a later master needs to adopt the node: the pid of its process-group leader."""

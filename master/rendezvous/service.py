@@ -54,10 +54,13 @@ class RendezvousService:
         store: StateStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_round: Callable[[str, Round], None] | None = None,
+        describe_silent: Callable[[NodeKey], str] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_round = on_round  # told of every round that closes (job events)
+        # What a node whose lease lapsed is doing (e.g. busy: its process runs at 97% CPU).
+        self._describe_silent = describe_silent
         self._cond = threading.Condition()
         self._runs: dict[str, RoundStateMachine] = {}
         self._saved: dict[str, int] = {}  # per run, the version of the last record written
@@ -219,7 +222,7 @@ class RendezvousService:
     def _advance(self, run_id: str, run: RoundStateMachine) -> None:
         """Apply time to a run (leases, last call); persist and wake waiters on a change."""
         before = (run.number, run.joining_count)
-        closed_round = run.advance(self._clock())
+        closed_round = run.advance(self._clock(), self._describe_silent)
         # A lease that ran out or a round that closed changes the record: saved before any
         # caller learns of the change.
         self._save(run_id, run)

@@ -75,3 +75,19 @@ def test_the_last_log_line_of_a_node(tmp_path):
     assert read_last_line(str(log)) == "two"
     assert read_last_line(str(tmp_path / "missing.log")) == ""
     assert read_last_line("") == ""
+
+
+def test_process_group_cpu_is_summed_from_proc(tmp_path):
+    from master.platform.proc_stats import _TICKS, process_groups_cpu_seconds
+
+    def proc(pid, comm, pgid, utime, stime):
+        (tmp_path / str(pid)).mkdir()
+        rest = ["S", "1", str(pgid)] + ["0"] * 8 + [str(utime), str(stime), "0", "0"]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest))
+
+    proc(10, "python", 10, 3 * _TICKS, _TICKS)
+    proc(11, "a (weird) name", 10, _TICKS, 0)  # spaces and parentheses in the command
+    proc(12, "other", 12, 7 * _TICKS, 0)
+    (tmp_path / "self").mkdir()
+    assert process_groups_cpu_seconds([10, 99], str(tmp_path)) == {10: 5.0}
+    assert process_groups_cpu_seconds([], str(tmp_path)) == {}
