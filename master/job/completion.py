@@ -2,10 +2,11 @@
 
 `success_policy` "chief": the job's training is done once the chief (worker 0 where there is no
 chief) exited 0; "all_workers": once every chief and worker rank did (master.nodes.policy).
-Then the nodes that never exit by themselves are stopped: trainers that never talk to the master
-(plain TF servers in `server.join()`) at once, trainers using our hooks after they finish (at
-most `evaluator_grace_seconds`), the PS once no trainer of ours still trains, evaluators after
-their grace for a final evaluation. The job has succeeded once none of its nodes runs."""
+Then the nodes that never exit by themselves are stopped: trainers that never talk to the
+master (plain TF servers in `server.join()`) after SERVER_SETTLE_SECONDS, trainers using our
+hooks after they finish (at most `evaluator_grace_seconds`), the PS once no trainer of ours
+still trains, evaluators after their grace for a final evaluation. The job has succeeded once
+none of its nodes runs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from master.nodes.policy import JobOutcome, training_finished
 ALL_WORKERS_REASON = "chief and workers finished"
 # Why the master stops the nodes still running once the job has succeeded.
 JOB_DONE = "job done"
+# How long trainers that never talked to the master may take to exit by themselves once the job
+# has succeeded, before they are stopped.
+SERVER_SETTLE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,11 @@ def decide_completion(
     grace_over = now - training_done_at >= evaluator_grace_seconds
     live = [n for n in nodes if not n.state.ended and _counts(n, replicas)]
     trainers = [n for n in live if n.type in TRAINING_TYPES and not n.stop_requested]
-    # A trainer that never talked to the master serves others (server.join()): stop it now;
-    # one using our hooks finishes its shards first, within the grace.
-    stop = [n for n in trainers if not n.registered or grace_over]
+    # A trainer that never talked to the master serves others (server.join()): stop it after
+    # a few seconds (a program that ends its servers itself has them exit by then); one using
+    # our hooks finishes its shards first, within the grace.
+    settled = now - training_done_at >= SERVER_SETTLE_SECONDS
+    stop = [n for n in trainers if (settled and not n.registered) or grace_over]
     finishing = [n for n in trainers if n not in stop]
     # Under all_workers no trainer runs any more: the PS are stopped once, at once.
     ps_due = training_done or success_policy != "all_workers"
