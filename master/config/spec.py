@@ -241,6 +241,13 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
             f"Pass {node_type}=NodeGroupSpec(replicas=...)",
         )
     p = f"{node_type}."
+    if group.reserve_slots and node_type != "worker":
+        raise spec_error(
+            src,
+            p + "reserve_slots",
+            f"a {node_type} has no slots to reserve: only workers are added at run time",
+            "Remove it, or set it under 'worker:'",
+        )
     return NodeGroupSpec(
         replicas=as_int(group.replicas, src, p + "replicas", minimum=0),
         max_relaunches=as_int(group.max_relaunches, src, p + "max_relaunches", minimum=0),

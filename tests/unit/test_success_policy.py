@@ -85,3 +85,13 @@ def test_the_success_policy_is_read_from_the_job_yaml_and_checked():
     assert spec.success_policy == "all_workers"
     with pytest.raises(SpecError, match="success_policy.*'any' is not one of chief, all_workers"):
         parse_job_spec({**base, "success_policy": "any"}, "job.yaml", "/tmp")
+
+
+def test_only_workers_reserve_slots():
+    base = {"name": "j", "command": ["python", "t.py"], "worker": {"replicas": 1}}
+    spec = parse_job_spec({**base, "worker": {"replicas": 2, "reserve_slots": True}}, "j.yaml", "/")
+    assert spec.worker.reserves_slots and spec.worker.slots == 4
+    with pytest.raises(SpecError, match="ps.reserve_slots: a ps has no slots to reserve"):
+        parse_job_spec({**base, "ps": {"replicas": 1, "reserve_slots": True}}, "j.yaml", "/")
+    with pytest.raises(SpecError, match="worker.reserve_slots: expected true or false"):
+        parse_job_spec({**base, "worker": {"replicas": 1, "reserve_slots": "yes"}}, "j.yaml", "/")
