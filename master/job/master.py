@@ -406,6 +406,7 @@ class JobMaster(
             self._training_done_at = now
             self._save_runtime()
             self._emit("training_done", reason)
+            self._report_unfired_faults()
         for node in decision.stop:
             self._stop_node(node, JOB_DONE)
         if decision.succeeded:
