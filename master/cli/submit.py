@@ -111,7 +111,7 @@ class ProgressPrinter:
         while not self._stop.wait(self.interval):
             if self.job is not None and not self.job.state.ended:
                 if not reports_progress(self.job):
-                    if not hinted:
+                    if not hinted and self.job.elapsed() >= HINT_AFTER_SECONDS:
                         self._print(NO_REPORTS_HINT)
                         hinted = True
                     self._print(activity_line(self.job))
@@ -119,7 +119,10 @@ class ProgressPrinter:
                     self._print(progress_line(self.job))
 
 
-# Said once by the live display of a program that reports nothing to the master.
+# Said once by the live display of a program that has reported nothing to the master this
+# long (programs with our hooks report once TF has started).
+HINT_AFTER_SECONDS = 20.0
+# What it says: why the display shows node states and CPU, and how to get step reports.
 NO_REPORTS_HINT = (
     "   (this program reports no steps to the master, so the display shows each node's state "
     "and CPU use;\n    for steps and data progress use dlrover_tf's hooks (estimator) or its "

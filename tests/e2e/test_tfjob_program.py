@@ -80,7 +80,8 @@ def test_the_job_succeeds_within_seconds_of_the_chiefs_exit(tmp_path):
     assert "ps-0 (id 1) stopped: job done" in stopped
     assert not [e for e in summary["events"] if e["kind"] in ("node_failed", "stuck")]
     # A program without our hooks: the live display shows node states and CPU, said once.
-    assert out.count("this program reports no steps to the master") == 1
+    hints = out.count("this program reports no steps to the master")
+    assert hints == 1 if summary["wall_seconds"] > 25 else hints <= 1  # said after 20 s
     assert re.search(r"no step reports \| ps-0:run \d+%cpu chief-0:run", out), out[-2000:]
     assert "step 0 |" not in out
 
