@@ -43,6 +43,9 @@ COORDINATOR_RESTART = "coordinator_restart"
 STOP_CAUSE = "stop_cause"
 # A trainer failing this soon after a PS was lost failed because of it.
 PS_LOSS_WINDOW_SECONDS = 120.0
+# Where no node reports steps, an error after this much run time is not taken as a start-up bug
+# (which fails the job at once): the program got going, so a relaunch may help.
+STARTUP_WINDOW_SECONDS = 60.0
 
 
 class DataRecovery(str, enum.Enum):
@@ -54,9 +57,18 @@ class DataRecovery(str, enum.Enum):
     # then rolls the data back to exactly its step
 
 
-def diagnose_node_exit(node: Node, event: NodeEvent, job_ended: bool) -> Diagnosis:
+def diagnose_node_exit(
+    node: Node,
+    event: NodeEvent,
+    job_ended: bool,
+    *,
+    job_reports_steps: bool = True,
+    now: float = 0.0,
+) -> Diagnosis:
     """Why a node ended: the master's own verdicts first (heartbeat lost, hung, replaced as a
-    straggler), else the rules of master.job.diagnosis on its exit code and last output."""
+    straggler), else the rules of master.job.diagnosis on its exit code and last output.
+    In a job that reports no steps (a program without our hooks), a node that ran for
+    `STARTUP_WINDOW_SECONDS` (wall clock `now` against its start) is past start-up."""
     if node.extra.get(HEARTBEAT_LOST):
         return Diagnosis(ExitReason.HEARTBEAT_LOST, "no heartbeat")
     if node.extra.get(HUNG):
@@ -72,7 +84,9 @@ def diagnose_node_exit(node: Node, event: NodeEvent, job_ended: bool) -> Diagnos
         stop_requested=node.stop_requested or job_ended,
         reported=reported[0] if reported else None,
         # Only training nodes report steps; others are never taken as failing at start-up.
-        started=node.steps > 0 or node.type not in TRAINING_TYPES,
+        started=node.steps > 0
+        or node.type not in TRAINING_TYPES
+        or (not job_reports_steps and now - node.started_at >= STARTUP_WINDOW_SECONDS),
         memory_limit_mb=node.memory_mb or node.extra.get("memory_limit_bytes", 0) // 2**20,
         last_rss_bytes=node.memory_rss_bytes,
     )
@@ -163,6 +177,7 @@ class NodeExitMixin:
     progress_streams: StreamRegistry
     rendezvous: RendezvousService
     migrator: PSMigrator
+    global_step: int
     _job_relaunches: int
     _ps_losses: dict[str, float]  # PS name -> when it was last lost (monotonic)
     _training_done_at: float | None
@@ -182,7 +197,14 @@ class NodeExitMixin:
         # first, so only what it really did not consume is re-queued.
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
-        diagnosis = diagnose_node_exit(node, event, self.state.ended)
+        diagnosis = diagnose_node_exit(
+            node,
+            event,
+            self.state.ended,
+            job_reports_steps=self.global_step > 0
+            or any(n.steps > 0 for n in self.nodes.all_current()),
+            now=time.time(),
+        )
         reason = diagnosis.reason
         node = self.nodes.mark_exited(event.id, event.exit_code, reason, exit_message(node, event))
         if node is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from master.config import parse_job_spec
 from master.job.diagnosis import Diagnosis
 from master.job.exits import (
+    STARTUP_WINDOW_SECONDS,
     DataRecovery,
     diagnose_node_exit,
     ended_cleanly,
@@ -175,3 +176,24 @@ def test_a_trainer_failing_soon_after_a_ps_loss_names_it_as_the_cause():
     assert ps_loss_cause(ps, losses, 130.0) == ""
     assert ps_loss_cause(chief, losses, 100.0 + PS_LOSS_WINDOW_SECONDS + 1) == ""
     assert ps_loss_cause(chief, {}, 130.0) == ""
+
+
+def test_in_a_job_without_step_reports_an_error_after_the_start_up_window_is_not_deterministic():
+    node = Node("chief", 0, id=1, steps=0, started_at=1000.0)
+    early = diagnose_node_exit(
+        node, _event(node, 1, TRACEBACK), False, job_reports_steps=False, now=1010.0
+    )
+    assert early.reason == ExitReason.USER_ERROR and early.deterministic
+    late = diagnose_node_exit(
+        node,
+        _event(node, 1, TRACEBACK),
+        False,
+        job_reports_steps=False,
+        now=1000.0 + STARTUP_WINDOW_SECONDS,
+    )
+    assert late.reason == ExitReason.USER_ERROR and not late.deterministic
+    # Where the job reports steps, a node that never stepped is still at start-up.
+    hooked = diagnose_node_exit(
+        node, _event(node, 1, TRACEBACK), False, job_reports_steps=True, now=5000.0
+    )
+    assert hooked.deterministic
