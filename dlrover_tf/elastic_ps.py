@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from dlrover_tf.elastic_saver import ElasticCheckpointSaverHook
 from master.client import (
     CHECKPOINT_REQUESTS_KEY,
+    CHIEF_SESSION_KEY,
     PAUSE_KEY,
     KVClient,
     MasterClient,
@@ -40,7 +42,7 @@ from master.client import (
 
 log = logging.getLogger(__name__)
 
-GENERATION_KEY = b"dlrover/tf/chief_session"
+GENERATION_KEY = CHIEF_SESSION_KEY
 # Past this, a worker checks readiness the TF way (its session failed for another reason).
 GATE_TIMEOUT_SECONDS = 30.0
 # A blocking wait for the next checkpoint request is renewed this often.
@@ -72,6 +74,12 @@ class ChiefSessionGate:
         step = int(global_step)
         self.master.report_model_restored(step)
         log.info("model loaded at global step %d; the data position follows it", step)
+        return True
+
+    def restored_and_ready(self, global_step: object) -> bool:
+        """Chief, in its readiness check: report the step, then announce the session."""
+        self.report_restored(global_step)
+        self.announce()
         return True
 
     def announce(self) -> int:
@@ -245,19 +253,13 @@ class _PauseHook(tf.estimator.SessionRunHook):
         self._stop.set()
 
 
-class _AnnounceHook(tf.estimator.SessionRunHook):
-    def __init__(self, gate: ChiefSessionGate) -> None:
-        self._gate = gate
-
-    def after_create_session(self, session: tf.compat.v1.Session, coord: object) -> None:
-        self._gate.announce()
-
-
 def _reporting_ready_op(gate: ChiefSessionGate) -> tf.Tensor:
     """TF's default readiness report on the chief, first telling the master the step the
-    model was loaded at (it runs after the restore, before the session's hooks)."""
+    model was loaded at and the workers that the variables are ready: it runs after the
+    restore and the local init, before the session's hooks (whose checkpoint saver may take
+    seconds), so the workers' sessions are made meanwhile."""
     step = tf.compat.v1.train.get_or_create_global_step()
-    reported = tf.compat.v1.py_func(gate.report_restored, [step], tf.bool, stateful=True)
+    reported = tf.compat.v1.py_func(gate.restored_and_ready, [step], tf.bool, stateful=True)
     with tf.control_dependencies([reported]):
         return tf.compat.v1.report_uninitialized_variables(name="dlrover_reporting_ready_op")
 
@@ -270,6 +272,30 @@ def _gated_ready_for_local_init_op(gate: ChiefSessionGate) -> tf.Tensor:
         return tf.compat.v1.report_uninitialized_variables(
             tf.compat.v1.global_variables(), name="dlrover_gated_ready_for_local_init"
         )
+
+
+def _checkpoint_saver(
+    master: MasterClient, spec: tf.estimator.EstimatorSpec, config: object, scaffold: object
+) -> tuple[ElasticCheckpointSaverHook, ...]:
+    """The chief's checkpoint saver in place of the estimator's own (which it then does not
+    add), unless the model_fn brought one or the config saves no checkpoints."""
+    steps = getattr(config, "save_checkpoints_steps", None)
+    secs = getattr(config, "save_checkpoints_secs", None)
+    given = (*spec.training_chief_hooks, *spec.training_hooks)
+    if not (steps or secs) or any(
+        isinstance(h, tf.compat.v1.train.CheckpointSaverHook) for h in given
+    ):
+        return ()
+    return (
+        ElasticCheckpointSaverHook(
+            KVClient(master),
+            config.model_dir,
+            save_secs=secs,
+            save_steps=steps,
+            scaffold=scaffold,
+            save_graph_def=getattr(config, "checkpoint_save_graph_def", True),
+        ),
+    )
 
 
 def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -> Callable:
@@ -289,7 +315,7 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             )
             hooks = (
                 *spec.training_chief_hooks,
-                _AnnounceHook(the_gate),
+                *_checkpoint_saver(the_gate.master, spec, config, scaffold),
                 _CheckpointOnRequestHook(the_gate.master, config.model_dir),
             )
             return spec._replace(scaffold=scaffold, training_chief_hooks=hooks)
@@ -303,3 +329,14 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
         return spec._replace(scaffold=scaffold, training_hooks=(*spec.training_hooks, pause))
 
     return wrapped
+
+
+def without_graph_rewrites(config: tf.estimator.RunConfig) -> tf.estimator.RunConfig:
+    """The run config with TF's graph optimizer (Grappler) off. Every session made after a PS
+    failure or move optimizes the whole graph again before its first step, seconds for a
+    wide model; measure the steps/s it buys before keeping it (benchmarks/ps_recovery.py)."""
+    session_config = tf.compat.v1.ConfigProto()
+    if config.session_config is not None:
+        session_config.CopyFrom(config.session_config)
+    session_config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config.replace(session_config=session_config)
