@@ -186,8 +186,8 @@ def _find_standby(run_dir: str) -> int | None:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            if b"dlrover_tf.ps_standby" not in argv or b"-m" not in argv:
-                continue
+            if argv[1:3] != [b"-m", b"dlrover_tf.ps_standby"]:
+                continue  # not the standby itself (e.g. its orphan guard)
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if f"DLROVER_RUN_DIR={run_dir}".encode() in f.read().split(b"\0"):
                     return pid
@@ -265,7 +265,7 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
     """`dlrover migrate ps-0 --memory-mb M` at a global step: checkpoint, replace, restore."""
     run_dir = os.path.join(workdir, "migration")
     job = Job(job_yaml, run_dir)
-    _, _, done_before = job.wait_step(at_step)
+    _, _, done_before, rate = job.rate_until(at_step)
     asked = time.time()
     reply = job.client.migrate("ps", 0, memory_mb=memory_mb, reason="benchmark")
     moved = time.time()
@@ -285,6 +285,7 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
         "steps_lost": -(-redo // batch_size()),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
+        "steps_per_second_before": round(rate, 2),
         "timeline": _timeline(summary, "ps_migration"),
     }
 
@@ -355,7 +356,7 @@ def main() -> int:
     p.add_argument(
         "--checkpoint-overhead",
         type=float,
-        default=0.05,
+        default=0.2,
         help="the elastic run's checkpoint_overhead: the master sets the chief's checkpoint "
         "interval so saving costs this fraction of the time (0: the job's 500 steps)",
     )
@@ -408,9 +409,11 @@ def main() -> int:
                 f"cores while waiting ({cost['cpu_seconds_to_load']:.1f} CPU s to load)"
             )
         print(
-            f"steps/s before the failure: {elastic['steps_per_second_before_failure']:.1f} "
-            f"({'with' if standby else 'without'} a standby) vs "
-            f"{baseline['steps_per_second_before_failure']:.1f} (without)"
+            f"steps/s before the failure or move: {baseline['steps_per_second_before_failure']:.1f}"
+            f" with neither a standby nor a tuned interval (full restart's first run), "
+            f"{migration['steps_per_second_before']:.1f} with {'a' if standby else 'no'} standby "
+            f"(migration run), {elastic['steps_per_second_before_failure']:.1f} with "
+            f"{'a' if standby else 'no'} standby and the tuned interval (elastic run)"
         )
     print(
         json.dumps(

@@ -76,12 +76,6 @@ class ChiefSessionGate:
         log.info("model loaded at global step %d; the data position follows it", step)
         return True
 
-    def restored_and_ready(self, global_step: object) -> bool:
-        """Chief, in its readiness check: report the step, then announce the session."""
-        self.report_restored(global_step)
-        self.announce()
-        return True
-
     def announce(self) -> int:
         """Chief: its session is ready; workers waiting for a newer one go on. Returns its id."""
         n = self._kv.add(GENERATION_KEY, 1)
@@ -253,13 +247,22 @@ class _PauseHook(tf.estimator.SessionRunHook):
         self._stop.set()
 
 
+class _AnnounceHook(tf.estimator.SessionRunHook):
+    """Chief: workers go on once the session is made, after the checkpoint saver's first
+    save (a save while workers train would hold later steps than its name says)."""
+
+    def __init__(self, gate: ChiefSessionGate) -> None:
+        self._gate = gate
+
+    def after_create_session(self, session: tf.compat.v1.Session, coord: object) -> None:
+        self._gate.announce()
+
+
 def _reporting_ready_op(gate: ChiefSessionGate) -> tf.Tensor:
     """TF's default readiness report on the chief, first telling the master the step the
-    model was loaded at and the workers that the variables are ready: it runs after the
-    restore and the local init, before the session's hooks (whose checkpoint saver may take
-    seconds), so the workers' sessions are made meanwhile."""
+    model was loaded at (it runs after the restore, before the session's hooks)."""
     step = tf.compat.v1.train.get_or_create_global_step()
-    reported = tf.compat.v1.py_func(gate.restored_and_ready, [step], tf.bool, stateful=True)
+    reported = tf.compat.v1.py_func(gate.report_restored, [step], tf.bool, stateful=True)
     with tf.control_dependencies([reported]):
         return tf.compat.v1.report_uninitialized_variables(name="dlrover_reporting_ready_op")
 
@@ -316,6 +319,7 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             hooks = (
                 *spec.training_chief_hooks,
                 *_checkpoint_saver(the_gate.master, spec, config, scaffold),
+                _AnnounceHook(the_gate),
                 _CheckpointOnRequestHook(the_gate.master, config.model_dir),
             )
             return spec._replace(scaffold=scaffold, training_chief_hooks=hooks)

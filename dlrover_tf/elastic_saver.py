@@ -42,6 +42,16 @@ def interval_from(value: bytes | None) -> int | None:
     return steps if steps > 0 else None
 
 
+def effective_interval(master_steps: int | None, job_steps: object) -> int | None:
+    """The interval to follow: the master's when it is shorter than the job's own step
+    interval (or the job saves by time only); None: keep the job's."""
+    if master_steps is None:
+        return None
+    if isinstance(job_steps, int) and job_steps > 0 and master_steps >= job_steps:
+        return job_steps
+    return master_steps
+
+
 class ElasticCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
     """`CheckpointSaverHook` that skips the graph writing and the re-save of a restored
     checkpoint on every session after the first, reports each save's cost, and follows the
@@ -51,7 +61,8 @@ class ElasticCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
         super().__init__(checkpoint_dir, **kwargs)
         self._kv = kv
         self._sessions = 0
-        self._interval: int | None = None
+        self._interval: int | None = None  # the master's
+        self._job_steps = kwargs.get("save_steps")  # the job's own, never lengthened
         self._stop = threading.Event()
 
     def begin(self) -> None:
@@ -72,7 +83,7 @@ class ElasticCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
         self._timer.update_last_triggered_step(step)
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values) -> None:
-        wanted = self._interval
+        wanted = effective_interval(self._interval, self._job_steps)
         if wanted is not None and self._timer._every_steps != wanted:  # noqa: SLF001
             last = self._timer.last_triggered_step()
             self._timer = tf.compat.v1.train.SecondOrStepTimer(every_steps=wanted)

@@ -5,13 +5,15 @@ an interval of steps is trained again. A shorter interval redoes less but checkp
 job's `checkpoint_overhead` (a fraction of the training time) says how much checkpointing it may
 cost, and the interval is the shortest that keeps within it, from the chief's measured save
 time (`CHECKPOINT_COST_KEY`) and the job's step rate. The chief follows the interval the master
-writes under `CHECKPOINT_INTERVAL_KEY` (dlrover_tf.elastic_saver). `CheckpointIntervalMixin`
+writes under `CHECKPOINT_INTERVAL_KEY` (dlrover_tf.elastic_saver) when it is shorter than the
+job's own (the master only makes checkpoints more frequent). `CheckpointIntervalMixin`
 is the part of `JobMaster` that measures and sets it.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ MAX_INTERVAL_STEPS = 1_000_000
 # The interval is recomputed this often, and changed only when it moves by more than this.
 TUNE_EVERY_SECONDS = 5.0
 CHANGE_THRESHOLD = 0.2
+COSTS_KEPT = 5  # the save cost is the median of the latest few the chief reported
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class CheckpointIntervalMixin:
     _interval_state: dict[str, Any]
 
     def _init_checkpoint_interval(self) -> None:
-        self._interval_state = {"next": 0.0, "sample": None, "steps": None}
+        self._interval_state = {"next": 0.0, "sample": None, "steps": None, "costs": []}
 
     def _tune_checkpoint_interval(self) -> None:
         """Control loop: every few seconds, from the latest save cost and the step rate."""
@@ -90,7 +93,11 @@ class CheckpointIntervalMixin:
             return
         rate = (self.global_step - sample[1]) / (now - sample[0])
         raw = self.kv.get(CHECKPOINT_COST_KEY, 0)
-        choice = interval_steps(float(raw) if raw else 0.0, rate, self.spec.checkpoint_overhead)
+        costs = state["costs"]
+        if raw and (not costs or costs[-1] != raw):
+            costs[:] = [*costs[-(COSTS_KEPT - 1) :], raw]
+        cost = statistics.median(float(c) for c in costs) if costs else 0.0
+        choice = interval_steps(cost, rate, self.spec.checkpoint_overhead)
         if choice is None or not worth_changing(state["steps"], choice.steps):
             return
         state["steps"] = choice.steps
