@@ -103,10 +103,11 @@ def test_killed_ps_is_replaced_by_the_standby_at_its_address(tmp_path):
         serving_after = time.time() - killed_at
         # Same process: TensorFlow was already loaded (a fresh PS takes seconds to import it).
         assert standby.is_running()
-        assert (
-            "ps task 0 serving at " + address
-            in (run_dir / "logs" / f"ps-standby.{standby_id}.log").read_text()
-        )
+        log = run_dir / "logs" / f"ps-standby.{standby_id}.log"
+        deadline = time.monotonic() + 10
+        while f"ps task 0 serving at {address}" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
         assert serving_after < 10.0, serving_after
         failed = _wait_event(run_dir, lambda e: e["kind"] == "node_failed")
         assert failed["node_type"] == "ps" and failed["time"] - killed_at < 1.0
