@@ -13,6 +13,9 @@ its model was loaded at, from its own readiness check (before the estimator's ch
 re-saves the restored model), so the data goes back to exactly that step: after a PS failure,
 and after a chief restart, which reloads the latest checkpoint too.
 
+The chief's checkpoint saver becomes `dlrover_tf.elastic_saver.ElasticCheckpointSaverHook`:
+a rebuilt session skips the graph writing and the re-save of the checkpoint it just restored.
+
 Wrap the model function: `Estimator(elastic_model_fn(model_fn), ...)`.
 """
 

@@ -36,7 +36,7 @@ from master.job.model import (
     ScaleResult,
 )
 from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
-from master.job.ps_standby import RESPAWN_DELAY_SECONDS, PSStandbyMixin
+from master.job.ps_standby import PSStandbyMixin
 from master.job.recovery_timeline import JOB_START, PS_MIGRATION, RecoveryTimelineMixin
 from master.job.rollback import MODEL_RESTORED, RollbackMixin
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
@@ -213,8 +213,6 @@ class JobMaster(
                 self._set_state(JobState.RUNNING, "")
                 self._save_runtime()
                 self._open_timeline(JOB_START, "")
-                # The standby loads TensorFlow once the job's own nodes have (CPU).
-                self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
                 for node_type in LAUNCH_ORDER:
                     for rank in range(self.replicas[node_type]):
                         self._launch(node_type, rank, relaunches=0)

@@ -40,9 +40,11 @@ log = logging.getLogger(__name__)
 
 STANDBY_MODULE = "dlrover_tf.ps_standby"
 STANDBY_RECORD_KEY = "ps_standby"  # the standby's id in the job table, for a restarted master
-# A new standby starts this long after the last one was promoted or died: loading TensorFlow
-# takes a core for seconds, which the recovery in progress needs more.
-RESPAWN_DELAY_SECONDS = 10.0
+# Loading TensorFlow takes a core for seconds, which a job starting or recovering needs more:
+# a standby starts once training runs with no recovery in progress, at least this long after
+# the last one was promoted or died, and at the latest MAX_DELAY_SECONDS after that.
+RESPAWN_DELAY_SECONDS = 1.0
+MAX_DELAY_SECONDS = 60.0
 
 
 @dataclass
@@ -69,6 +71,14 @@ def standby_wanted(
         and platform_runs_standby
         and not training_done
     )
+
+
+def standby_due(now: float, earliest: float, training: bool, recovering: bool) -> bool:
+    """Whether to start the standby now: not before `earliest`; then as soon as training runs
+    with no recovery in progress, or in any case MAX_DELAY_SECONDS later."""
+    if now < earliest:
+        return False
+    return (training and not recovering) or now >= earliest + MAX_DELAY_SECONDS
 
 
 def may_replace(
@@ -118,10 +128,12 @@ class PSStandbyMixin:
     tf_cluster: Callable[[], dict[str, list[str]]]
     _address: Callable[[str, int], str]
     _save_runtime: Callable[[], None]
+    _recovering: Callable[[], bool]
+    global_step: int
 
     def _init_standby(self) -> None:
         self._standby = None
-        self._standby_due = 0.0  # monotonic time before which no new standby starts
+        self._standby_due = time.monotonic()  # no new standby starts before this
 
     def _keep_standby(self) -> None:
         """Control loop: start a standby when one is wanted and due; retire it when not."""
@@ -135,7 +147,9 @@ class PSStandbyMixin:
             if self._standby is not None:
                 self._retire_standby("training is over")
             return
-        if self._standby is None and time.monotonic() >= self._standby_due:
+        if self._standby is None and standby_due(
+            time.monotonic(), self._standby_due, self.global_step > 0, self._recovering()
+        ):
             self._start_standby()
 
     def _start_standby(self) -> None:

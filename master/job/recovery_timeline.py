@@ -135,6 +135,12 @@ class RecoveryTimelineMixin:
                 kind, node, time.time() if started is None else started
             )
 
+    def _recovering(self) -> bool:
+        """A recovery (or the job's start) has not reached its first step yet."""
+        with self._timeline_lock:
+            t = self._timeline
+            return t is not None and not t.expired(time.time())
+
     def _mark_phase(self, phase: str, at: float | None = None, **facts: Any) -> None:
         """Stamp a phase of the open timeline, if any."""
         with self._timeline_lock:

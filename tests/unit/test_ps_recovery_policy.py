@@ -19,10 +19,12 @@ from master.job.checkpoint_interval import (
 )
 from master.job.exits import ended_at
 from master.job.ps_standby import (
+    MAX_DELAY_SECONDS,
     Standby,
     may_replace,
     promotion_message,
     retire_message,
+    standby_due,
     standby_wanted,
 )
 from master.job.recovery_timeline import (
@@ -147,6 +149,15 @@ def test_a_standby_is_wanted_for_built_in_ps_jobs_on_platforms_that_run_one():
     assert not standby_wanted(SPEC.with_overrides(ps_standby=False), 1, True, False)
     own_ps = SPEC.with_overrides(ps=SPEC.ps.__class__(replicas=1, command=("my-ps",)))
     assert not standby_wanted(own_ps, 1, True, False)
+
+
+def test_a_standby_starts_once_training_runs_and_no_recovery_is_in_progress():
+    assert not standby_due(100.0, earliest=101.0, training=True, recovering=False)
+    assert standby_due(101.0, earliest=101.0, training=True, recovering=False)
+    assert not standby_due(101.0, earliest=101.0, training=False, recovering=False)
+    assert not standby_due(101.0, earliest=101.0, training=True, recovering=True)
+    # A job that never reports steps (or never ends a recovery) gets one all the same.
+    assert standby_due(101.0 + MAX_DELAY_SECONDS, 101.0, training=False, recovering=True)
 
 
 def test_a_standby_replaces_only_an_older_incarnation_with_resources_it_has():
