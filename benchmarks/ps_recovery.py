@@ -355,7 +355,7 @@ def format_timeline(timeline: dict | None) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=320_000)
+    p.add_argument("--records", type=int, default=640_000)
     p.add_argument("--kill-step", type=int, default=800)
     p.add_argument("--memory-mb", type=int, default=2048, help="the migrated PS's memory")
     p.add_argument("--json-only", action="store_true")

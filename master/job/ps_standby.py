@@ -186,6 +186,10 @@ class PSStandbyMixin:
         cpu = cpu or self.spec.ps.cpu
         enforced = self.platform.enforces_resources
         if node_type != "ps" or not may_replace(s, current, memory_mb, cpu, enforced):
+            if s is not None and current is not None and current.id >= s.id:
+                # Older than the PS it would replace (e.g. after a PS count change): a new
+                # standby, with a newer id, takes its place.
+                self._retire_standby(f"older than {current.name} (id {current.id})")
             return None
         self._standby = None
         self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
