@@ -121,7 +121,11 @@ class Job:
             time.sleep(POLL_SECONDS)
         raise TimeoutError(f"global step {step} not reached")
 
-    def finish(self, timeout: float = 900.0) -> dict:
+    def finish(self, timeout: float = 900.0, stop: bool = False) -> dict:
+        """The job's summary once it ended (with `stop`: stopped now, as Ctrl-C does)."""
+        if stop:
+            time.sleep(2.0)  # the recovery event is written once the first step is reported
+            self.proc.send_signal(signal.SIGINT)
         self.proc.communicate(timeout=timeout)
         run_dir = os.path.dirname(self.token_file)
         with open(os.path.join(run_dir, "s.json")) as f:
@@ -252,7 +256,7 @@ def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> d
     killed = time.time()
     os.killpg(os.getpgid(pid), signal.SIGKILL)
     resumed = _watch_resume(job, done_before)
-    summary = job.finish()
+    summary = job.finish(stop=True)
     ckpt = _restored_step(summary)
     return {
         "recovery_seconds": round((resumed or time.time()) - killed, 2),
@@ -280,7 +284,7 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
     # Nothing is rolled back when the pause held: training is back once the data moves on.
     at_move = job.status()
     resumed = _watch_advance(job, at_move[1]) if at_move else None
-    summary = job.finish()
+    summary = job.finish(stop=True)
     redo = sum(
         e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
     )
@@ -355,7 +359,8 @@ def format_timeline(timeline: dict | None) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=640_000)
+    # Long enough for the standby to load on a loaded machine; each run stops once measured.
+    p.add_argument("--records", type=int, default=1_280_000)
     p.add_argument("--kill-step", type=int, default=800)
     p.add_argument("--memory-mb", type=int, default=2048, help="the migrated PS's memory")
     p.add_argument("--json-only", action="store_true")
