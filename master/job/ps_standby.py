@@ -31,6 +31,7 @@ from master.state.job_record import JOB_TABLE
 
 if TYPE_CHECKING:
     from master.config import JobSpec
+    from master.job.migration import PSMigrator
     from master.job.model import JobRuntime
     from master.kv.store import KVStore
     from master.nodes.manager import NodeManager
@@ -130,6 +131,7 @@ class PSStandbyMixin:
     _save_runtime: Callable[[], None]
     _recovering: Callable[[], bool]
     global_step: int
+    migrator: PSMigrator
 
     def _init_standby(self) -> None:
         self._standby = None
@@ -147,8 +149,10 @@ class PSStandbyMixin:
             if self._standby is not None:
                 self._retire_standby("training is over")
             return
+        # A PS change in progress is a recovery too (it restarts PS processes).
+        recovering = self._recovering() or self.migrator.active is not None
         if self._standby is None and standby_due(
-            time.monotonic(), self._standby_due, self.global_step > 0, self._recovering()
+            time.monotonic(), self._standby_due, self.global_step > 0, recovering
         ):
             self._start_standby()
 
@@ -180,12 +184,14 @@ class PSStandbyMixin:
     ) -> Node | None:
         """The standby becomes the next incarnation of (type, rank), with that task's
         TF_CONFIG; None (and nothing done) when there is no standby that may."""
+        if node_type != "ps":
+            return None
         s = self._standby
         current = self.nodes.current(node_type, rank)
         memory_mb = memory_mb or self.spec.ps.memory_mb
         cpu = cpu or self.spec.ps.cpu
         enforced = self.platform.enforces_resources
-        if node_type != "ps" or not may_replace(s, current, memory_mb, cpu, enforced):
+        if not may_replace(s, current, memory_mb, cpu, enforced):
             if s is not None and current is not None and current.id >= s.id:
                 # Older than the PS it would replace (e.g. after a PS count change): a new
                 # standby, with a newer id, takes its place.
