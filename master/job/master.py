@@ -37,7 +37,12 @@ from master.job.model import (
 )
 from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
 from master.job.ps_standby import PSStandbyMixin
-from master.job.recovery_timeline import JOB_START, PS_MIGRATION, RecoveryTimelineMixin
+from master.job.recovery_timeline import (
+    JOB_START,
+    PS_MIGRATION,
+    PS_RESIZE,
+    RecoveryTimelineMixin,
+)
 from master.job.rollback import MODEL_RESTORED, RollbackMixin
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
 from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
@@ -172,6 +177,7 @@ class JobMaster(
                 raise ValueError(f"the job has already ended ({self.state.value})")
             self._refuse_ps_change_under_keras()
             done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
+            self._open_timeline(PS_RESIZE, f"ps {self._replicas['ps']} -> {replicas}")
             result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
             return ScaleResult(result.previous, result.ps_count, self.cluster_version)
         check_scale_request(self.spec, node_type, replicas, self._replicas["chief"])

@@ -46,6 +46,7 @@ STANDBY_RECORD_KEY = "ps_standby"  # the standby's id in the job table, for a re
 # the last one was promoted or died, and at the latest MAX_DELAY_SECONDS after that.
 RESPAWN_DELAY_SECONDS = 1.0
 MAX_DELAY_SECONDS = 60.0
+RESUME_DELAY_SECONDS = 30.0  # a restarted master's first standby, at the earliest
 
 
 @dataclass
@@ -248,6 +249,8 @@ class PSStandbyMixin:
     def _resume_standby(self) -> None:
         """A restarted master: the previous one's standby is not adopted; it is told to end
         (it may still be waiting) and its id is never handed out again."""
+        # The restarted master may be carrying on a recovery it has no timeline of.
+        self._standby_due = time.monotonic() + RESUME_DELAY_SECONDS
         raw = self.store.get(JOB_TABLE, STANDBY_RECORD_KEY)
         if raw is None:
             return

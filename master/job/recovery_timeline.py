@@ -46,6 +46,7 @@ PHASE_LABELS = {
 }
 PS_FAILURE = "ps_failure"
 PS_MIGRATION = "ps_migration"
+PS_RESIZE = "ps_resize"
 JOB_START = "job_start"
 # A timeline nobody finished (the job ended, a PS died again) is dropped after this.
 TIMELINE_EXPIRY_SECONDS = 600.0
