@@ -19,12 +19,14 @@ from master.job.diagnosis import Diagnosis, diagnose_exit
 from master.job.health import HEARTBEAT_LOST, HUNG, STRAGGLER_REPLACED
 from master.job.model import JobState
 from master.job.recovery_timeline import PS_FAILURE
+from master.job.rollback import rollback_step
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node
 from master.nodes.policy import Action, ExitDecision, decide_on_exit
 from master.platform.api import NodeEvent
 
 if TYPE_CHECKING:
     from master.config import JobSpec
+    from master.job.checkpoints import CheckpointRegistry
     from master.job.migration import PSMigrator
     from master.kv.store import KVStore
     from master.nodes.manager import NodeManager
@@ -150,6 +152,7 @@ class NodeExitMixin:
     progress_streams: StreamRegistry
     rendezvous: RendezvousService
     migrator: PSMigrator
+    checkpoints: CheckpointRegistry
     _job_relaunches: int
     _training_done_at: float | None
     _chief_reports_restores: bool
@@ -220,6 +223,9 @@ class NodeExitMixin:
             if recovery == DataRecovery.FREE_HELD_SHARDS:
                 self._free_held_shards()  # the chief's restore report rolls the data back
             else:
+                # No restore report will come: the timeline ends at the first step past the
+                # checkpoint the data went back to.
+                self._mark_phase("detected", restored_step=rollback_step(self.checkpoints.latest()))
                 self._rollback_data()
             self._restart_coordinator(node)
         if node.extra.get(COORDINATOR_RESTART):
