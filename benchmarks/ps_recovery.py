@@ -1,10 +1,11 @@
 """PS failure recovery: time until training resumes and steps lost, against a full restart.
 
-Both runs train the TF example (1 PS, chief, 2 workers) and lose the PS at the same global
-step (`--kill-step`, after the first 500-step checkpoint):
+Both runs train the TF example (1 PS, chief, 2 workers) and lose the PS at about the same
+global step (`--kill-step`, or later once the standby PS is ready):
 
-- elastic: `dlrover submit --kill ps:0@step=N`; the master relaunches the PS, sessions are
-  rebuilt, the chief restores the latest checkpoint and the data rolls back with it.
+- elastic: the PS's process group SIGKILLed (as `--kill ps:0@step=N` does); the master
+  promotes the standby (or relaunches the PS), sessions are rebuilt, the chief restores the
+  latest checkpoint and the data rolls back with it.
 - baseline: the whole job is stopped at that step (the master and every node killed) and
   started again from the latest checkpoint in the same model dir, the manual recovery without
   an elastic master (its data position restarts from scratch, not measured here).
@@ -16,12 +17,21 @@ step (`--kill-step`, after the first 500-step checkpoint):
 Recovery time = from the failure (or the migrate call) to the first step that moves the data
 forward again, polled every 0.2 s through a client of the master. Steps lost = global step at
 the failure minus the checkpoint step training continued from (for the migration: the records
-rolled back, in steps). Ends with one JSON line.
+rolled back, in steps).
+
+Each recovery's timeline comes from the job's `recovery` event (master.job.recovery_timeline):
+failure detected, PS process started (or the standby promoted), PS serving, sessions rebuilt
+and checkpoint restored (the chief's report), workers told, first step; the full restart's from
+its second master's start. With the standby PS on (the default; `--no-standby` turns it off in
+every run), its cost is measured too: the standby's CPU seconds and RSS while it waits, and
+steps/s before the failure with it (elastic run) and without it (the baseline's first run).
+Ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,10 +46,12 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from master.client import MasterClient, MasterError, read_token  # noqa: E402
+from master.job.recovery_timeline import PHASE_LABELS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 POLL_SECONDS = 0.2
+JOB_CHECKPOINT_STEPS = 500  # the example's save_checkpoints_steps
 _STATUS_STEP = re.compile(r"global step (\d+)")
 _STATUS_DONE = re.compile(r"dataset train: ([\d,]+)/")
 
@@ -51,14 +63,18 @@ def batch_size() -> int:
     return int(command[command.index("--batch-size") + 1])
 
 
-def write_job(workdir: str, records: int) -> str:
+def write_job(
+    workdir: str, records: int, standby: bool, name: str = "job.yaml", overhead: float = 0.0
+) -> str:
     with open(os.path.join(EXAMPLE, "job.yaml")) as f:
         job = yaml.safe_load(f)
     command = list(job["command"])
     command[1] = os.path.join(EXAMPLE, "wide_deep.py")
     command[command.index("--records") + 1] = str(records)
-    job.update(command=command, workdir=workdir, name="ps-recovery")
-    path = os.path.join(workdir, "job.yaml")
+    job.update(command=command, workdir=workdir, name="ps-recovery", ps_standby=standby)
+    if overhead:
+        job["checkpoint_overhead"] = overhead
+    path = os.path.join(workdir, name)
     with open(path, "w") as f:
         yaml.safe_dump(job, f)
     return path
@@ -90,6 +106,12 @@ class Job:
             return None
         return st.global_step, sum(d.records_done for d in st.datasets)
 
+    def rate_until(self, step: int) -> tuple[float, int, int, float]:
+        """wait_step(step), plus the steps/s from a third of the way there to `step`."""
+        t0, s0, _ = self.wait_step(step // 3)
+        t1, s1, done = self.wait_step(step)
+        return t1, s1, done, (s1 - s0) / max(t1 - t0, 1e-9)
+
     def wait_step(self, step: int, timeout: float = 600.0) -> tuple[float, int, int]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -99,7 +121,11 @@ class Job:
             time.sleep(POLL_SECONDS)
         raise TimeoutError(f"global step {step} not reached")
 
-    def finish(self, timeout: float = 900.0) -> dict:
+    def finish(self, timeout: float = 900.0, stop: bool = False) -> dict:
+        """The job's summary once it ended (with `stop`: stopped now, as Ctrl-C does)."""
+        if stop:
+            time.sleep(2.0)  # the recovery event is written once the first step is reported
+            self.proc.send_signal(signal.SIGINT)
         self.proc.communicate(timeout=timeout)
         run_dir = os.path.dirname(self.token_file)
         with open(os.path.join(run_dir, "s.json")) as f:
@@ -133,27 +159,116 @@ def _watch_advance(job: Job, done: int) -> float | None:
         time.sleep(POLL_SECONDS)
 
 
+def _timeline(summary: dict, kind: str) -> dict | None:
+    """The last recovery timeline of `kind` the job recorded (its event's details)."""
+    found = [e["details"] for e in summary["events"] if e["kind"] == "recovery"]
+    found = [d for d in found if d.get("recovery") == kind]
+    return found[-1] if found else None
+
+
+def _standby_cost(run_dir: str, seconds: float = 2.0) -> dict | None:
+    """CPU (cores, over `seconds`) and RSS of the job's waiting standby PS, from /proc."""
+    pid = _find_process(run_dir, "dlrover_tf.ps_standby")
+    if pid is None:
+        return None
+    try:
+        cpu0 = _cpu_seconds(pid)
+        time.sleep(seconds)
+        cpu1 = _cpu_seconds(pid)
+        with open(f"/proc/{pid}/status") as f:
+            rss_kb = int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
+    except (OSError, StopIteration):
+        return None
+    return {
+        "cpu_cores_while_waiting": round((cpu1 - cpu0) / seconds, 4),
+        "cpu_seconds_to_load": round(cpu0, 2),
+        "rss_mb": round(rss_kb / 1024, 1),
+    }
+
+
+def _find_process(run_dir: str, module: str) -> int | None:
+    """The pid of the job's `python -m module` process (not its orphan guard)."""
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if argv[1:3] != [b"-m", module.encode()]:
+                continue  # not the standby itself (e.g. its orphan guard)
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DLROVER_RUN_DIR={run_dir}".encode() in f.read().split(b"\0"):
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_standby_ready(job: Job, timeout: float = 120.0) -> float | None:
+    """Seconds until the job's standby PS says it is ready (None: no standby)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout and job.status() is not None:
+        path = os.path.join(os.path.dirname(job.token_file), "events.jsonl")
+        try:
+            with open(path) as f:
+                if any('"ps_standby"' in ln and '"ready"' in ln for ln in f):
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def _interval(summary: dict, before: float) -> dict:
+    """The checkpoint interval in force at `before`: the master's last choice, or the job's."""
+    chosen = [
+        e["details"]
+        for e in summary["events"]
+        if e["kind"] == "checkpoint_interval" and e["time"] < before
+    ]
+    if chosen:
+        return {"steps": chosen[-1]["steps"], "set_by": "master", **chosen[-1]}
+    return {"steps": JOB_CHECKPOINT_STEPS, "set_by": "job (RunConfig)"}
+
+
 def _restored_step(summary: dict) -> int:
     rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
     return int(rollback[-1].split("checkpoint step ")[1].split(" ")[0]) if rollback else 0
 
 
-def elastic_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
+def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> dict:
+    """The PS's process group SIGKILLed (as `--kill` does) at `kill_step`, or once the
+    standby is ready if that is later: a standby is ready long before a failure in a job
+    that runs for hours, but not necessarily 800 steps into this one."""
     run_dir = os.path.join(workdir, "elastic")
-    job = Job(job_yaml, run_dir, "--kill", f"ps:0@step={kill_step}")
-    _, _, done_before = job.wait_step(kill_step)
+    job = Job(job_yaml, run_dir)
+    _, _, _, rate = job.rate_until(kill_step)
+    cost = None
+    if standby:
+        _wait_standby_ready(job)
+        cost = _standby_cost(run_dir)
+    step_at_kill, done_before = job.status()
+    pid = _find_process(run_dir, "dlrover_tf.ps")
+    killed = time.time()
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
     resumed = _watch_resume(job, done_before)
-    summary = job.finish()
-    fault = next(e for e in summary["events"] if e["kind"] == "fault")
+    summary = job.finish(stop=True)
     ckpt = _restored_step(summary)
-    step_at_kill = int(fault["message"].rsplit("at global step ", 1)[1].rstrip(")"))
     return {
-        "recovery_seconds": round((resumed or time.time()) - fault["time"], 2),
+        "recovery_seconds": round((resumed or time.time()) - killed, 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "steps_lost": max(0, step_at_kill - ckpt),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
+        "steps_per_second_before_failure": round(rate, 2),
+        "standby_cost": cost,
+        "checkpoint_interval": _interval(summary, killed),
+        "timeline": _timeline(summary, "ps_failure"),
     }
 
 
@@ -161,14 +276,15 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
     """`dlrover migrate ps-0 --memory-mb M` at a global step: checkpoint, replace, restore."""
     run_dir = os.path.join(workdir, "migration")
     job = Job(job_yaml, run_dir)
-    _, _, done_before = job.wait_step(at_step)
+    _, _, _, rate = job.rate_until(at_step)
+    _wait_standby_ready(job)
     asked = time.time()
     reply = job.client.migrate("ps", 0, memory_mb=memory_mb, reason="benchmark")
     moved = time.time()
     # Nothing is rolled back when the pause held: training is back once the data moves on.
     at_move = job.status()
     resumed = _watch_advance(job, at_move[1]) if at_move else None
-    summary = job.finish()
+    summary = job.finish(stop=True)
     redo = sum(
         e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
     )
@@ -181,13 +297,16 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
         "steps_lost": -(-redo // batch_size()),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
+        "steps_per_second_before": round(rate, 2),
+        "timeline": _timeline(summary, "ps_migration"),
     }
 
 
 def baseline_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
+    """The job (with no standby PS: a manual restart has none) killed whole, then restarted."""
     first_dir = os.path.join(workdir, "baseline-1")
     job = Job(job_yaml, first_dir)
-    _, step_at_kill, _ = job.wait_step(kill_step)
+    _, step_at_kill, _, rate = job.rate_until(kill_step)
     t_fail = time.time()
     job.proc.send_signal(signal.SIGKILL)  # the orphan guard takes every node with it
     job.proc.wait()
@@ -203,32 +322,79 @@ def baseline_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
             resumed = time.time()
             break
         time.sleep(POLL_SECONDS)
+    # The timeline closes at the first step the chief's restore report is followed by.
+    time.sleep(1.0)
     restart.proc.send_signal(signal.SIGINT)
     restart.proc.communicate(timeout=120)
+    timeline = None
+    try:
+        with open(os.path.join(second_dir, "s.json")) as f:
+            timeline = _timeline(json.load(f), "job_start")
+    except (OSError, ValueError):
+        pass
+    if timeline is not None:
+        # From the failure, not from the second master's start.
+        shift = timeline["started"] - t_fail
+        timeline["phases"] = {"master_started": round(shift, 3)} | {
+            p: round(t + shift, 3) for p, t in timeline["phases"].items()
+        }
+        timeline["seconds"] = round(timeline["seconds"] + shift, 3)
     return {
         "recovery_seconds": round(resumed - t_fail, 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "steps_lost": max(0, step_at_kill - ckpt),
+        "steps_per_second_before_failure": round(rate, 2),
+        "timeline": timeline,
     }
+
+
+def format_timeline(timeline: dict | None) -> str:
+    """'  +0.01 failure detected | +0.05 PS process started | ...' (or why there is none)."""
+    if not timeline:
+        return "  (no timeline recorded)"
+    labels = {"master_started": "new master started", **PHASE_LABELS}
+    return "  " + " | ".join(f"+{t:.2f} {labels.get(p, p)}" for p, t in timeline["phases"].items())
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=160_000)
+    # Long enough for the standby to load on a loaded machine; each run stops once measured.
+    p.add_argument("--records", type=int, default=1_280_000)
     p.add_argument("--kill-step", type=int, default=800)
     p.add_argument("--memory-mb", type=int, default=2048, help="the migrated PS's memory")
     p.add_argument("--json-only", action="store_true")
     p.add_argument("--only-migration", action="store_true", help="skip the PS failure runs")
+    p.add_argument("--no-standby", action="store_true", help="no standby PS in any run")
+    p.add_argument(
+        "--checkpoint-overhead",
+        type=float,
+        default=0.2,
+        help="the elastic run's checkpoint_overhead: the master sets the chief's checkpoint "
+        "interval so saving costs this fraction of the time (0: the job's 500 steps)",
+    )
+    p.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temporary one")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-ps-") as workdir:
-        job_yaml = write_job(workdir, args.records)
+    standby = not args.no_standby
+    if args.keep:
+        os.makedirs(args.keep)
+    with (
+        contextlib.nullcontext(args.keep)
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="bench-ps-") as workdir
+    ):
+        job_yaml = write_job(workdir, args.records, standby)
         migration = migration_run(job_yaml, workdir, args.kill_step, args.memory_mb)
         if args.only_migration:
+            print(format_timeline(migration["timeline"]))
             print(json.dumps({"benchmark": "ps_recovery", "ps_migration": migration}))
             return 0
-        elastic = elastic_run(job_yaml, workdir, args.kill_step)
-        baseline = baseline_run(job_yaml, workdir, args.kill_step)
+        tuned_yaml = write_job(
+            workdir, args.records, standby, "tuned.yaml", args.checkpoint_overhead
+        )
+        elastic = elastic_run(tuned_yaml, workdir, args.kill_step, standby)
+        plain_yaml = write_job(workdir, args.records, False, "plain.yaml")
+        baseline = baseline_run(plain_yaml, workdir, args.kill_step)
     ratio = baseline["recovery_seconds"] / max(elastic["recovery_seconds"], 1e-9)
     if not args.json_only:
         for name, r in (("elastic", elastic), ("full restart", baseline)):
@@ -237,13 +403,31 @@ def main() -> int:
                 f" at step {r['global_step_at_failure']}, from checkpoint step "
                 f"{r['restored_from_step']} ({r['steps_lost']} steps to redo)"
             )
+            if "checkpoint_interval" in r:
+                ci = r["checkpoint_interval"]
+                print(f"  checkpoint interval {ci['steps']} steps (set by the {ci['set_by']})")
+            print(format_timeline(r["timeline"]))
         print(
             f"PS migration : training resumed {migration['recovery_seconds']:6.1f} s after "
             f"`dlrover migrate` (the call took {migration['migrate_call_seconds']:.1f} s), "
             f"checkpoint step {migration['checkpoint_step']}, "
             f"{migration['steps_lost']} steps to redo"
         )
+        print(format_timeline(migration["timeline"]))
         print(f"recovery time: full restart / elastic = {ratio:.2f}x")
+        cost = elastic["standby_cost"]
+        if cost:
+            print(
+                f"standby PS: {cost['rss_mb']:.0f} MB RSS, {cost['cpu_cores_while_waiting']:.3f} "
+                f"cores while waiting ({cost['cpu_seconds_to_load']:.1f} CPU s to load)"
+            )
+        print(
+            f"steps/s before the failure or move: {baseline['steps_per_second_before_failure']:.1f}"
+            f" with neither a standby nor a tuned interval (full restart's first run), "
+            f"{migration['steps_per_second_before']:.1f} with {'a' if standby else 'no'} standby "
+            f"(migration run), {elastic['steps_per_second_before_failure']:.1f} with "
+            f"{'a' if standby else 'no'} standby and the tuned interval (elastic run)"
+        )
     print(
         json.dumps(
             {
@@ -251,6 +435,7 @@ def main() -> int:
                 "ps_failure": {"elastic": elastic, "full_restart": baseline},
                 "ps_migration": migration,
                 "recovery_speedup": round(ratio, 3),
+                "standby": standby,
             }
         )
     )

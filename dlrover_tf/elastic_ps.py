@@ -13,6 +13,9 @@ its model was loaded at, from its own readiness check (before the estimator's ch
 re-saves the restored model), so the data goes back to exactly that step: after a PS failure,
 and after a chief restart, which reloads the latest checkpoint too.
 
+The chief's checkpoint saver becomes `dlrover_tf.elastic_saver.ElasticCheckpointSaverHook`:
+a rebuilt session skips the graph writing and the re-save of the checkpoint it just restored.
+
 Wrap the model function: `Estimator(elastic_model_fn(model_fn), ...)`.
 """
 
@@ -28,8 +31,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from dlrover_tf.elastic_saver import ElasticCheckpointSaverHook
 from master.client import (
     CHECKPOINT_REQUESTS_KEY,
+    CHIEF_SESSION_KEY,
     PAUSE_KEY,
     KVClient,
     MasterClient,
@@ -40,7 +45,7 @@ from master.client import (
 
 log = logging.getLogger(__name__)
 
-GENERATION_KEY = b"dlrover/tf/chief_session"
+GENERATION_KEY = CHIEF_SESSION_KEY
 # Past this, a worker checks readiness the TF way (its session failed for another reason).
 GATE_TIMEOUT_SECONDS = 30.0
 # A blocking wait for the next checkpoint request is renewed this often.
@@ -246,6 +251,9 @@ class _PauseHook(tf.estimator.SessionRunHook):
 
 
 class _AnnounceHook(tf.estimator.SessionRunHook):
+    """Chief: workers go on once the session is made, after the checkpoint saver's first
+    save (a save while workers train would hold later steps than its name says)."""
+
     def __init__(self, gate: ChiefSessionGate) -> None:
         self._gate = gate
 
@@ -272,6 +280,30 @@ def _gated_ready_for_local_init_op(gate: ChiefSessionGate) -> tf.Tensor:
         )
 
 
+def _checkpoint_saver(
+    master: MasterClient, spec: tf.estimator.EstimatorSpec, config: object, scaffold: object
+) -> tuple[ElasticCheckpointSaverHook, ...]:
+    """The chief's checkpoint saver in place of the estimator's own (which it then does not
+    add), unless the model_fn brought one or the config saves no checkpoints."""
+    steps = getattr(config, "save_checkpoints_steps", None)
+    secs = getattr(config, "save_checkpoints_secs", None)
+    given = (*spec.training_chief_hooks, *spec.training_hooks)
+    if not (steps or secs) or any(
+        isinstance(h, tf.compat.v1.train.CheckpointSaverHook) for h in given
+    ):
+        return ()
+    return (
+        ElasticCheckpointSaverHook(
+            KVClient(master),
+            config.model_dir,
+            save_secs=secs,
+            save_steps=steps,
+            scaffold=scaffold,
+            save_graph_def=getattr(config, "checkpoint_save_graph_def", True),
+        ),
+    )
+
+
 def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -> Callable:
     """Wrap an estimator model_fn so sessions rebuilt after a PS failure resume at once."""
     accepted = set(inspect.signature(model_fn).parameters)
@@ -289,6 +321,7 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             )
             hooks = (
                 *spec.training_chief_hooks,
+                *_checkpoint_saver(the_gate.master, spec, config, scaffold),
                 _AnnounceHook(the_gate),
                 _CheckpointOnRequestHook(the_gate.master, config.model_dir),
             )
@@ -303,3 +336,14 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
         return spec._replace(scaffold=scaffold, training_hooks=(*spec.training_hooks, pause))
 
     return wrapped
+
+
+def without_graph_rewrites(config: tf.estimator.RunConfig) -> tf.estimator.RunConfig:
+    """The run config with TF's graph optimizer (Grappler) off. Every session made after a PS
+    failure or move optimizes the whole graph again before its first step, seconds for a
+    wide model; measure the steps/s it buys before keeping it (benchmarks/ps_recovery.py)."""
+    session_config = tf.compat.v1.ConfigProto()
+    if config.session_config is not None:
+        session_config.CopyFrom(config.session_config)
+    session_config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config.replace(session_config=session_config)

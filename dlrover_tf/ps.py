@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -83,10 +85,21 @@ def _parse_cluster(cluster: Any) -> dict[str, list[str]]:
 
 def serve(task: PSTask) -> NoReturn:
     """Start the ps server, block until SIGTERM/SIGINT, then exit the process with code 0."""
-    # Block the stop signals before TensorFlow starts any thread: every thread inherits the mask,
-    # so the signal is only delivered to sigwait() below. A Python signal handler would never run
-    # while the main thread sits in the C++ Server.join().
+    block_stop_signals()
+    server = start_server(task)  # noqa: F841 (kept alive while the process serves)
+    wait_for_stop(f"ps task {task.index}")
+
+
+def block_stop_signals() -> None:
+    """Block SIGTERM/SIGINT before TensorFlow starts any thread: every thread inherits the
+    mask, so the signal is only delivered to sigwait() in wait_for_stop. A Python signal
+    handler would never run while the main thread sits in TensorFlow's C++ code."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def start_server(task: PSTask, env: Mapping[str, str] | None = None) -> object:
+    """Start the TF server of `task` (exit the process if it cannot) and tell the master it
+    serves, from a thread (the report never delays the server)."""
     import tensorflow as tf
 
     try:
@@ -112,8 +125,36 @@ def serve(task: PSTask) -> NoReturn:
         server.target,
         {job: len(addrs) for job, addrs in task.cluster.items()},
     )
+    serving_at = time.time()
+    threading.Thread(
+        target=report_serving,
+        args=(task, serving_at, dict(os.environ if env is None else env)),
+        name="dlrover-ps-serving",
+        daemon=True,
+    ).start()
+    return server
+
+
+def report_serving(task: PSTask, at: float, env: Mapping[str, str]) -> None:
+    """Set this PS task's serving key in the master's KV store (for its recovery timeline).
+    Without a master (a PS run by hand) there is nobody to tell."""
+    if not env.get("DLROVER_MASTER_ADDR"):
+        return
+    try:
+        from master.client import KVClient, MasterClient, MasterError, ps_serving_key
+
+        client = MasterClient.from_env(env)
+        value = json.dumps({"node_id": int(env.get("DLROVER_NODE_ID", "0")), "at": at})
+        KVClient(client).set(ps_serving_key(task.index), value.encode())
+        client.close()
+    except (MasterError, ValueError) as err:
+        logger.warning("cannot tell the master that ps task %d serves: %s", task.index, err)
+
+
+def wait_for_stop(name: str) -> NoReturn:
+    """Block until SIGTERM/SIGINT, then leave the process at once with code 0."""
     received = signal.sigwait(_STOP_SIGNALS)
-    logger.info("ps task %d stopping on %s", task.index, signal.Signals(received).name)
+    logger.info("%s stopping on %s", name, signal.Signals(received).name)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -458,6 +458,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="TASK:INDEX:STEP",
         help="rehearse a hang: that task stops stepping at its local STEP (once per model dir)",
     )
+    p.add_argument(
+        "--graph-rewrites",
+        action="store_true",
+        help="keep TF's graph optimizer (Grappler) on: every new session, e.g. after a PS "
+        "failure, then spends seconds optimizing the graph before its first step",
+    )
     args = p.parse_args(argv)
     if args.rehearse_hang:
         parts = args.rehearse_hang.split(":")
@@ -486,8 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     task = f"{config.task_type}:{config.task_id}"
     if args.input == "dlrover" and config.task_type in ("chief", "worker"):
-        from dlrover_tf.elastic_ps import elastic_model_fn
+        from dlrover_tf.elastic_ps import elastic_model_fn, without_graph_rewrites
 
+        if not args.graph_rewrites:
+            config = without_graph_rewrites(config)
         # Sessions rebuilt after a PS failure (and the first ones) start once the chief is ready.
         fn = elastic_model_fn(model_fn)
     else:

@@ -21,11 +21,18 @@ from master.client.heartbeat import HeartbeatThread
 from master.client.identity import NodeIdentity
 from master.client.kv import MAX_WAIT_CHUNK_MS, KVClient
 from master.client.kv_keys import (
+    CHECKPOINT_COST_KEY,
+    CHECKPOINT_INTERVAL_KEY,
     CHECKPOINT_REQUESTS_KEY,
+    CHIEF_SESSION_KEY,
     COORDINATOR_KEY,
     PAUSE_KEY,
+    PS_SERVING_KEY,
+    PS_STANDBY_KEY,
     checkpoint_request_key,
     pause_key,
+    ps_serving_key,
+    ps_standby_key,
 )
 from master.client.master import (
     MAX_MESSAGE_BYTES,
@@ -40,7 +47,10 @@ from master.client.tls import ClientTLS, TLSError
 
 __all__ = [
     "CGROUP_MEMORY_LIMIT_FILES",
+    "CHECKPOINT_COST_KEY",
+    "CHECKPOINT_INTERVAL_KEY",
     "CHECKPOINT_REQUESTS_KEY",
+    "CHIEF_SESSION_KEY",
     "COORDINATOR_KEY",
     "ENV_JOB_TOKEN",
     "ENV_JOB_TOKEN_FILE",
@@ -51,6 +61,8 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_WAIT_CHUNK_MS",
     "PAUSE_KEY",
+    "PS_SERVING_KEY",
+    "PS_STANDBY_KEY",
     "REOPEN_DELAY_SECONDS",
     "TOKEN_METADATA_KEY",
     "ClientTLS",
@@ -68,5 +80,7 @@ __all__ = [
     "cgroup_memory_limit",
     "decode_indices",
     "pause_key",
+    "ps_serving_key",
+    "ps_standby_key",
     "read_token",
 ]

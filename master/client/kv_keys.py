@@ -27,3 +27,26 @@ def checkpoint_request_key(n: int, suffix: str = "") -> bytes:
     "release", the master letting the chief go on)."""
     key = CHECKPOINT_REQUESTS_KEY + b"/" + str(n).encode()
     return key + b"/" + suffix.encode() if suffix else key
+
+
+# The chief's session generations (dlrover_tf.elastic_ps): a counter, then one key per session.
+CHIEF_SESSION_KEY = b"dlrover/tf/chief_session"
+# A PS task serving: "<PS_SERVING_KEY>/<rank>" holds {"node_id": N, "at": unix time} (JSON).
+PS_SERVING_KEY = b"dlrover/tf/ps_serving"
+# A standby PS says ".../<node id>/ready" once TensorFlow is loaded and waits for
+# ".../<node id>/promote": the TF_CONFIG of the task it becomes, or {"retire": true} (it ends).
+PS_STANDBY_KEY = b"dlrover/tf/ps_standby"
+# The chief checkpoints every this many steps (decimal text, set by the master); its measured
+# cost of one checkpoint goes under CHECKPOINT_COST_KEY (seconds, decimal text).
+CHECKPOINT_INTERVAL_KEY = b"dlrover/tf/checkpoint_interval"
+CHECKPOINT_COST_KEY = b"dlrover/tf/checkpoint_cost"
+
+
+def ps_serving_key(rank: int) -> bytes:
+    """The KV key a PS task of `rank` sets once its server is up."""
+    return PS_SERVING_KEY + b"/" + str(rank).encode()
+
+
+def ps_standby_key(node_id: int, suffix: str) -> bytes:
+    """The KV key of standby PS `node_id` (suffix: "promote", "ready")."""
+    return PS_STANDBY_KEY + b"/" + str(node_id).encode() + b"/" + suffix.encode()

@@ -116,6 +116,12 @@ class JobSpec:
     metrics_port: int = 0
     # Automatic worker scaling and PS migration (master.job.autoscaler); off by default.
     autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
+    # A spare PS process with TensorFlow loaded, promoted when a PS fails or moves (where the
+    # platform can run one: see master.job.ps_standby).
+    ps_standby: bool = True
+    # The chief checkpoints every N steps, N set by the master so that one checkpoint costs
+    # about this fraction of the training time (0: only the job's own checkpoint schedule).
+    checkpoint_overhead: float = 0.0
     source: str = "<spec>"  # file it came from, for messages
 
     def __post_init__(self) -> None:
@@ -215,6 +221,22 @@ def _validate_job(spec: JobSpec) -> None:
         )
 
     setf("autoscale", _validate_autoscale(spec.autoscale, spec, src))
+    if not isinstance(spec.ps_standby, bool):
+        raise spec_error(
+            src,
+            "ps_standby",
+            f"expected true or false, got {kind_of(spec.ps_standby)}",
+            "Write 'ps_standby: false' to run no standby PS",
+        )
+    overhead = as_number(spec.checkpoint_overhead, src, "checkpoint_overhead", "0.02")
+    if not 0.0 <= overhead < 1.0:
+        raise spec_error(
+            src,
+            "checkpoint_overhead",
+            f"{overhead} is out of range",
+            "Use a fraction in [0, 1), e.g. 0.02 (2% of the training time); 0 turns it off",
+        )
+    setf("checkpoint_overhead", overhead)
 
     if spec.chief.replicas > 1:
         raise spec_error(

@@ -19,12 +19,15 @@ from master.client import COORDINATOR_KEY
 from master.job.diagnosis import Diagnosis, diagnose_exit
 from master.job.health import HEARTBEAT_LOST, HUNG, STRAGGLER_REPLACED
 from master.job.model import JobState
+from master.job.recovery_timeline import PS_FAILURE
+from master.job.rollback import rollback_step
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node
 from master.nodes.policy import Action, ExitDecision, decide_on_exit
 from master.platform.api import NodeEvent
 
 if TYPE_CHECKING:
     from master.config import JobSpec
+    from master.job.checkpoints import CheckpointRegistry
     from master.job.migration import PSMigrator
     from master.kv.store import KVStore
     from master.nodes.manager import NodeManager
@@ -90,6 +93,14 @@ def diagnose_node_exit(
         memory_limit_mb=node.memory_mb or node.extra.get("memory_limit_bytes", 0) // 2**20,
         last_rss_bytes=node.memory_rss_bytes,
     )
+
+
+def ended_at(event: NodeEvent, seen: float) -> float:
+    """When the node's process ended: the platform's time if it gave one, else `seen`."""
+    try:
+        return min(float(event.details["ended_at"]), seen)
+    except (KeyError, ValueError):
+        return seen
 
 
 def exit_message(node: Node, event: NodeEvent) -> str:
@@ -178,6 +189,7 @@ class NodeExitMixin:
     rendezvous: RendezvousService
     migrator: PSMigrator
     global_step: int
+    checkpoints: CheckpointRegistry
     _job_relaunches: int
     _ps_losses: dict[str, float]  # PS name -> when it was last lost (monotonic)
     _training_done_at: float | None
@@ -188,8 +200,15 @@ class NodeExitMixin:
     _complete_move: Callable[[Node, Any], None]
     _rollback_data: Callable[..., None]
     _free_held_shards: Callable[[], None]
+    _open_timeline: Callable[..., None]
+    _mark_phase: Callable[..., None]
+    _on_standby_exit: Callable[[NodeEvent], bool]
+    _promote_standby: Callable[..., Node | None]
 
     def _on_node_exit(self, event: NodeEvent) -> None:
+        seen = time.time()
+        if self._on_standby_exit(event):
+            return
         node = self.nodes.get(event.id)
         if node is None or node.state.ended:
             return
@@ -254,9 +273,14 @@ class NodeExitMixin:
         training_done = self._training_done_at is not None
         recovery = ps_loss_recovery(node, reason, training_done, self._chief_reports_restores)
         if recovery != DataRecovery.NONE:
+            self._open_timeline(PS_FAILURE, node.name, ended_at(event, seen))
+            self._mark_phase("detected", seen)
             if recovery == DataRecovery.FREE_HELD_SHARDS:
                 self._free_held_shards()  # the chief's restore report rolls the data back
             else:
+                # No restore report will come: the timeline ends at the first step past the
+                # checkpoint the data went back to.
+                self._mark_phase("detected", restored_step=rollback_step(self.checkpoints.latest()))
                 self._rollback_data()
             self._restart_coordinator(node)
         if node.extra.get(COORDINATOR_RESTART):
@@ -276,7 +300,9 @@ class NodeExitMixin:
         )
         if decision.action == Action.RELAUNCH:
             self._job_relaunches += 1
-            new = self._launch(node.type, node.rank, node.relaunches + 1, decision.memory_mb)
+            new = self._promote_standby(
+                node.type, node.rank, node.relaunches + 1, decision.memory_mb, 0.0
+            ) or self._launch(node.type, node.rank, node.relaunches + 1, decision.memory_mb)
             self._emit(
                 "relaunch",
                 f"{decision.reason}: {new.name} is now id {new.id}",

@@ -139,6 +139,7 @@ class LaunchMixin:
     _emit: Callable[..., Any]
     _save_runtime: Callable[[], None]
     tf_cluster: Callable[[], dict[str, list[str]]]
+    _mark_phase: Callable[..., None]
 
     def _launch(
         self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
@@ -152,6 +153,8 @@ class LaunchMixin:
         env = node_env(self.spec, self.runtime, node, self.tf_cluster(), inherited)
         self.platform.launch(launch_spec(self.spec, node, env, log_path))
         self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
+        if node_type == "ps":
+            self._mark_phase("ps_started")
         self._save_runtime()
         self._emit(
             "node_running",

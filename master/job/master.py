@@ -19,6 +19,7 @@ from typing import Any
 
 from master.config import NODE_TYPES, JobSpec
 from master.job.autoscaler import Autoscaler
+from master.job.checkpoint_interval import CheckpointIntervalMixin
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
 from master.job.completion import JOB_DONE, decide_completion, success_reason
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
@@ -35,6 +36,13 @@ from master.job.model import (
     ScaleResult,
 )
 from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
+from master.job.ps_standby import PSStandbyMixin
+from master.job.recovery_timeline import (
+    JOB_START,
+    PS_MIGRATION,
+    PS_RESIZE,
+    RecoveryTimelineMixin,
+)
 from master.job.rollback import MODEL_RESTORED, RollbackMixin
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
 from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
@@ -77,6 +85,9 @@ class JobMaster(
     PSChangeMixin,
     RollbackMixin,
     FaultInjectionMixin,
+    RecoveryTimelineMixin,
+    PSStandbyMixin,
+    CheckpointIntervalMixin,
 ):
     """Runs one job on a platform: the control loop applies policy decisions to node events."""
 
@@ -106,6 +117,11 @@ class JobMaster(
             store, on_round=self._on_rendezvous_round, describe_silent=self._silent_node_cause
         )
         self.kv = KVStore(store)  # behind the torch Store of the agents
+        self._init_timelines()
+        self.kv.add_listener(self._timeline_on_kv)
+        self._init_standby()
+        self.kv.add_listener(self._standby_ready)
+        self._init_checkpoint_interval()
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
@@ -153,6 +169,7 @@ class JobMaster(
             stop_cluster=self._stop_for_ps_change,
             start_cluster=self._start_after_ps_change,
             save=self._save_ps_change,
+            on_phase=self._mark_phase,
         )
 
     # -- public -------------------------------------------------------------
@@ -172,6 +189,7 @@ class JobMaster(
                 raise ValueError(f"the job has already ended ({self.state.value})")
             self._refuse_ps_change_under_keras()
             done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
+            self._open_timeline(PS_RESIZE, f"ps {self._replicas['ps']} -> {replicas}")
             result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
             return ScaleResult(result.previous, result.ps_count, self.cluster_version)
         check_scale_request(self.spec, node_type, replicas, self._replicas["chief"])
@@ -197,6 +215,7 @@ class JobMaster(
         done = self.migrator.request(
             node_type, rank, memory_mb, cpu, reason, self._replicas.get(node_type, 0)
         )
+        self._open_timeline(PS_MIGRATION, f"{node_type}-{rank}")
         return done.result(timeout)
 
     def run(self, resume: bool = False) -> JobState:
@@ -211,6 +230,7 @@ class JobMaster(
             else:
                 self._set_state(JobState.RUNNING, "")
                 self._save_runtime()
+                self._open_timeline(JOB_START, "")
                 for node_type in LAUNCH_ORDER:
                     for rank in range(self.replicas[node_type]):
                         self._launch(node_type, rank, relaunches=0)
@@ -233,6 +253,7 @@ class JobMaster(
         self._stop_request.put(reason)
 
     def note_global_step(self, step: int) -> None:
+        self._timeline_on_step(step)
         with self._lock:
             if step > self.global_step:
                 self.global_step = step
@@ -262,6 +283,7 @@ class JobMaster(
         """The chief reports each session it creates with the step its model was loaded at
         (dlrover_tf.elastic_model_fn): the data goes back to exactly that step. From then on
         a PS failure waits for this report instead of guessing the step."""
+        self._timeline_on_restore(step)
         first = not self._chief_reports_restores
         self._chief_reports_restores = True
         if first:
@@ -356,6 +378,7 @@ class JobMaster(
             adopted += 1
         # Torch rendezvous rounds go on with their members (fresh leases from now).
         self.rendezvous.resume()
+        self._resume_standby()
         self._resume_ps_change()
         raw = self.store.get(JOB_TABLE, AUTOSCALE_KEY)
         if raw is not None and self.autoscaler is not None:
@@ -385,6 +408,8 @@ class JobMaster(
             pass
         self._apply_scale_requests()
         self.migrator.advance()
+        self._keep_standby()
+        self._tune_checkpoint_interval()
         self._autoscale()
         self._check_health()
         self._check_stuck()

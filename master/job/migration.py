@@ -102,6 +102,7 @@ class PSMigrator:
         stop_cluster: Callable[[int], list[Node]] | None = None,
         start_cluster: Callable[[int], int] | None = None,
         save: Callable[[dict | None], None] | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         self._kv = kv
         self._current = current
@@ -111,6 +112,7 @@ class PSMigrator:
         self._stop_cluster = stop_cluster  # (new PS count) -> the nodes being stopped
         self._start_cluster = start_cluster  # (new PS count) -> the new cluster version
         self._save = save  # writes the active change's record (None: no change active)
+        self._on_phase = on_phase or (lambda phase: None)  # a move's phases, for its timeline
         self._requests: queue.SimpleQueue[_Migration] = queue.SimpleQueue()
         self._active: _Migration | None = None
 
@@ -181,6 +183,7 @@ class PSMigrator:
         if m.phase == "pausing":
             acked = all(self._kv.check([pause_key(m.pause_number, f"ack/{w}")]) for w in m.pausing)
             if acked or time.monotonic() > m.deadline:
+                self._on_phase("paused")
                 if not acked:
                     self._emit(
                         "migration",
@@ -203,6 +206,7 @@ class PSMigrator:
                 self._release_pause(m)
             if answer is not None:
                 m.checkpoint_step = int(answer)
+                self._on_phase("checkpointed")
                 if m.ps_count:
                     self._stop_for_resize(m)
                 else:
@@ -227,7 +231,10 @@ class PSMigrator:
             if not m.stopping:
                 self._finish_resize(m)
             return m
-        return m if node.id == m.old_id else None
+        if node.id != m.old_id:
+            return None
+        self._on_phase("detected")
+        return m
 
     @property
     def active(self) -> _Migration | None:

@@ -65,6 +65,7 @@ class PSChangeMixin:
     _replicas: dict[str, int]
     _chief_reports_restores: bool
     _launch: Callable[..., Node]
+    _promote_standby: Callable[..., Node | None]
     _kill_node: Callable[[Node], None]
     _save_runtime: Callable[[], None]
     _rollback_data: Callable[..., None]
@@ -83,7 +84,8 @@ class PSChangeMixin:
 
     def _complete_move(self, old: Node, migration: Any) -> None:
         """The PS being moved has ended: start its new incarnation with the new resources."""
-        new = self._launch(old.type, old.rank, old.relaunches, migration.memory_mb, migration.cpu)
+        args = (old.type, old.rank, old.relaunches, migration.memory_mb, migration.cpu)
+        new = self._promote_standby(*args) or self._launch(*args)
         if self._chief_reports_restores:
             self._free_held_shards()
         else:

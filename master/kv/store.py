@@ -35,6 +35,7 @@ class KVStore:
         self._store = store
         self._cond = threading.Condition()
         self._data: dict[bytes, bytes] = {}
+        self._listeners: list[Callable[[bytes, bytes], None]] = []
         if store is not None:
             for hex_key, value in store.scan(TABLE).items():
                 self._data[bytes.fromhex(hex_key)] = value
@@ -46,6 +47,18 @@ class KVStore:
         _check_key(key)
         with self._cond:
             self._put(key, value)
+        self._tell(key, value)
+
+    def add_listener(self, listener: Callable[[bytes, bytes], None]) -> None:
+        """Call listener(key, value) after every set and add (outside the store's lock)."""
+        self._listeners.append(listener)
+
+    def _tell(self, key: bytes, value: bytes) -> None:
+        for listener in self._listeners:
+            try:
+                listener(key, value)
+            except Exception:  # a listener's bug must not fail the write
+                log.exception("KV listener failed on %r", key)
 
     def get(
         self, key: bytes, timeout: float, is_active: Callable[[], bool] = _always_active
@@ -73,7 +86,8 @@ class KVStore:
             if not INT64_MIN <= value <= INT64_MAX:
                 raise ValueError(f"add: key {key!r} would overflow int64 ({current} + {amount})")
             self._put(key, str(value).encode("ascii"))
-            return value
+        self._tell(key, str(value).encode("ascii"))
+        return value
 
     def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         """torch's compare_set: set desired if key holds expected (or is missing and expected

@@ -13,6 +13,8 @@ from master.pb import nodes_pb2
 from master.state.api import StateStore
 
 NODE_TABLE = "nodes"
+# The rank a standby node (a spare process waiting to replace a rank) talks to the master with.
+STANDBY_RANK = -1
 # A node's step time is the median of its last STEP_GAPS_KEPT gaps between step reports
 # (a median, so a pause of the whole machine or a wait for shards does not make a straggler),
 # recomputed every STEP_TIME_EVERY steps.
@@ -38,6 +40,35 @@ class NodeManager:
         self._current: dict[tuple[str, int], int] = {}
         self._commands: dict[int, list[nodes_pb2.Command]] = defaultdict(list)
         self._next_id = 1
+        self._standby_ids: set[int] = set()  # ids handed to standby processes
+
+    def reserve_standby_id(self) -> int:
+        """An id for a standby process of any type: it may call the master as rank
+        STANDBY_RANK, and becomes a node incarnation only when promoted."""
+        with self._lock:
+            node_id = self._next_id
+            self._next_id += 1
+            self._standby_ids.add(node_id)
+            return node_id
+
+    def allow_standby_id(self, node_id: int) -> None:
+        """Accept calls from standby `node_id` (a restarted master, so it can retire it)."""
+        with self._lock:
+            self._standby_ids.add(node_id)
+
+    def skip_ids_below(self, node_id: int) -> None:
+        """Never hand out an id below node_id (a restarted master learns of a standby's id)."""
+        with self._lock:
+            self._next_id = max(self._next_id, node_id)
+
+    def promote_standby(
+        self, node_id: int, node_type: str, rank: int, relaunches: int, memory_mb: int
+    ) -> Node:
+        """The standby `node_id` becomes the current incarnation of (type, rank)."""
+        with self._lock:
+            if node_id not in self._standby_ids or node_id in self._by_id:
+                raise ValueError(f"id {node_id} is not a waiting standby")
+            return self._new(node_type, rank, relaunches, memory_mb, node_id)
 
     def restore(self) -> list[Node]:
         """Load every incarnation a previous master recorded; returns the current ones."""
@@ -57,16 +88,22 @@ class NodeManager:
     def new_incarnation(self, node_type: str, rank: int, relaunches: int, memory_mb: int) -> Node:
         """Allocate a new id for (type, rank); the previous incarnation becomes stale."""
         with self._lock:
+            self._next_id += 1
+            return self._new(node_type, rank, relaunches, memory_mb, self._next_id - 1)
+
+    def _new(
+        self, node_type: str, rank: int, relaunches: int, memory_mb: int, node_id: int
+    ) -> Node:
+        with self._lock:
             node = Node(
                 type=node_type,
                 rank=rank,
-                id=self._next_id,
+                id=node_id,
                 relaunches=relaunches,
                 memory_mb=memory_mb,
                 started_at=time.time(),
                 last_heartbeat=time.monotonic(),
             )
-            self._next_id += 1
             self._by_id[node.id] = node
             self._current[(node_type, rank)] = node.id
             self._save(node)
@@ -95,6 +132,8 @@ class NodeManager:
     def check(self, node_type: str, rank: int, node_id: int) -> Node:
         """The node behind a request; StaleNodeError if it is not a live current incarnation."""
         with self._lock:
+            if rank == STANDBY_RANK and node_id in self._standby_ids:
+                return Node(type=node_type, rank=rank, id=node_id)  # a standby, not a node yet
             node = self._by_id.get(node_id)
             if node is None:
                 raise StaleNodeError(f"unknown node id {node_id} ({node_type}-{rank})")

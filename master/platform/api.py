@@ -49,6 +49,11 @@ class Platform(abc.ABC):
     # master's machine). Otherwise nodes get the job's env and DLROVER_* vars on top of what
     # their platform gives them (the image's env for pods, the Ray node's env for actors).
     inherits_master_env = False
+    # Whether the master may keep a standby PS process here (master.job.ps_standby), and
+    # whether a node gets exactly the resources it was launched with (so a standby launched
+    # with the group's resources cannot stand in for a PS moved to other resources).
+    runs_ps_standby = False
+    enforces_resources = True
 
     def __init__(self) -> None:
         self.events: queue.Queue[NodeEvent] = queue.Queue()

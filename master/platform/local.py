@@ -136,6 +136,8 @@ class LocalPlatform(Platform):
     """
 
     inherits_master_env = True
+    runs_ps_standby = True
+    enforces_resources = False  # cpu and memory_mb are not applied to local processes
 
     def __init__(
         self, host: str = "127.0.0.1", orphan_guard: bool = True, lifeline_fd: int | None = None
@@ -209,6 +211,7 @@ class LocalPlatform(Platform):
 
     def _reap(self, run: _Running) -> None:
         code = run.proc.wait()
+        ended_at = time.time()
         # Anything the node left behind in its group goes with it.
         if run.pgid:
             kill_process_group(run.pgid, signal.SIGKILL)
@@ -222,6 +225,7 @@ class LocalPlatform(Platform):
                 id=run.spec.id,
                 exit_code=code,
                 message=tail,
+                details={"ended_at": repr(ended_at)},
             )
         )
 

@@ -1,0 +1,261 @@
+"""A standby PS: a spare `dlrover_tf.ps_standby` process with TensorFlow loaded, kept ready by
+the master and promoted when a PS fails or is moved, instead of starting a fresh process.
+
+The promoted process keeps the PS's task index and address (the `TF_CONFIG` of the task it
+replaces comes with the promotion), so no other node needs a new cluster spec: the chief and
+the workers rebuild their sessions against the same address, as with a relaunch. A standby is
+not a node until promoted: it talks to the master as rank `STANDBY_RANK` with an id reserved for
+it, and is never counted, health-checked or shown as one. The pure part decides when one is
+wanted and whether one may replace a given PS; `PSStandbyMixin` is the part of `JobMaster`
+that runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from master.client import ps_standby_key
+from master.job.launch import launch_spec, node_env, tf_config
+from master.nodes.manager import STANDBY_RANK
+from master.nodes.model import Node
+from master.platform.api import NodeEvent
+from master.state.job_record import JOB_TABLE
+
+if TYPE_CHECKING:
+    from master.config import JobSpec
+    from master.job.migration import PSMigrator
+    from master.job.model import JobRuntime
+    from master.kv.store import KVStore
+    from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
+
+log = logging.getLogger(__name__)
+
+STANDBY_MODULE = "dlrover_tf.ps_standby"
+STANDBY_RECORD_KEY = "ps_standby"  # the standby's id in the job table, for a restarted master
+# Loading TensorFlow takes a core for seconds, which a job starting or recovering needs more:
+# a standby starts once training runs with no recovery in progress, at least this long after
+# the last one was promoted or died, and at the latest MAX_DELAY_SECONDS after that.
+RESPAWN_DELAY_SECONDS = 1.0
+MAX_DELAY_SECONDS = 60.0
+RESUME_DELAY_SECONDS = 30.0  # a restarted master's first standby, at the earliest
+
+
+@dataclass
+class Standby:
+    """The standby process the master keeps: its reserved id and log."""
+
+    id: int
+    log_path: str
+    memory_mb: int
+    cpu: float
+    ready_at: float = 0.0  # unix time it said TensorFlow is loaded (0: still loading)
+
+
+def standby_wanted(
+    spec: JobSpec, ps_replicas: int, platform_runs_standby: bool, training_done: bool
+) -> bool:
+    """Whether the job should keep a standby PS now: asked for, a PS job on the built-in PS
+    server (a user's own PS command has no standby mode), a platform that can run one, and
+    training not over."""
+    return (
+        spec.ps_standby
+        and ps_replicas > 0
+        and not spec.ps.command
+        and platform_runs_standby
+        and not training_done
+    )
+
+
+def standby_due(now: float, earliest: float, training: bool, recovering: bool) -> bool:
+    """Whether to start the standby now: not before `earliest`; then as soon as training runs
+    with no recovery in progress, or in any case MAX_DELAY_SECONDS later."""
+    if now < earliest:
+        return False
+    return (training and not recovering) or now >= earliest + MAX_DELAY_SECONDS
+
+
+def may_replace(
+    standby: Standby | None,
+    current: Node | None,
+    memory_mb: int,
+    cpu: float,
+    platform_enforces_resources: bool,
+) -> bool:
+    """Whether the standby may become the next incarnation of `current`'s rank with these
+    resources: its id must be the newest of that rank (a restarted master takes the highest
+    id as current), and where the platform enforces resources they must be the standby's."""
+    if standby is None:
+        return False
+    if current is not None and standby.id <= current.id:
+        return False
+    if platform_enforces_resources and (memory_mb, cpu) != (standby.memory_mb, standby.cpu):
+        return False
+    return True
+
+
+def promotion_message(tf_config_json: str, node_id: int) -> bytes:
+    """What a standby is promoted with: the TF_CONFIG of the task it becomes."""
+    return json.dumps({"tf_config": tf_config_json, "node_id": node_id}).encode()
+
+
+def retire_message() -> bytes:
+    """The promotion key's value that tells a standby to end instead."""
+    return json.dumps({"retire": True}).encode()
+
+
+class PSStandbyMixin:
+    """The part of `JobMaster` that keeps a standby PS and promotes it."""
+
+    spec: JobSpec
+    runtime: JobRuntime
+    platform: Platform
+    nodes: NodeManager
+    kv: KVStore
+    store: Any
+    _replicas: dict[str, int]
+    _training_done_at: float | None
+    _standby: Standby | None
+    _standby_due: float
+    _emit: Callable[..., Any]
+    _mark_phase: Callable[..., None]
+    tf_cluster: Callable[[], dict[str, list[str]]]
+    _address: Callable[[str, int], str]
+    _save_runtime: Callable[[], None]
+    _recovering: Callable[[], bool]
+    global_step: int
+    migrator: PSMigrator
+
+    def _init_standby(self) -> None:
+        self._standby = None
+        self._standby_due = time.monotonic()  # no new standby starts before this
+
+    def _keep_standby(self) -> None:
+        """Control loop: start a standby when one is wanted and due; retire it when not."""
+        wanted = standby_wanted(
+            self.spec,
+            self._replicas["ps"],
+            self.platform.runs_ps_standby,
+            self._training_done_at is not None,
+        )
+        if not wanted:
+            if self._standby is not None:
+                self._retire_standby("training is over")
+            return
+        # A PS change in progress is a recovery too (it restarts PS processes).
+        recovering = self._recovering() or self.migrator.active is not None
+        if self._standby is None and standby_due(
+            time.monotonic(), self._standby_due, self.global_step > 0, recovering
+        ):
+            self._start_standby()
+
+    def _start_standby(self) -> None:
+        node_id = self.nodes.reserve_standby_id()
+        group = self.spec.ps
+        node = Node(type="ps", rank=STANDBY_RANK, id=node_id, memory_mb=group.memory_mb)
+        node.cpu = group.cpu
+        inherited = os.environ if self.platform.inherits_master_env else None
+        env = node_env(self.spec, self.runtime, node, {}, inherited)
+        env.pop("TF_CONFIG", None)  # given with the promotion
+        log_path = os.path.join(self.runtime.run_dir, "logs", f"ps-standby.{node_id}.log")
+        spec = launch_spec(self.spec, node, env, log_path)
+        spec = dataclasses.replace(spec, command=(sys.executable, "-m", STANDBY_MODULE))
+        self._standby = Standby(node_id, log_path, group.memory_mb, group.cpu)
+        self.store.put(JOB_TABLE, STANDBY_RECORD_KEY, str(node_id).encode())
+        self.platform.launch(spec)
+        self._emit("ps_standby", f"standby PS started (id {node_id})", reason="started", id=node_id)
+
+    def _standby_ready(self, key: bytes, value: bytes) -> None:
+        """KV listener: the standby says TensorFlow is loaded."""
+        s = self._standby
+        if s is not None and key == ps_standby_key(s.id, "ready") and not s.ready_at:
+            s.ready_at = float(value)
+            self._emit("ps_standby", f"standby PS ready (id {s.id})", reason="ready", id=s.id)
+
+    def _promote_standby(
+        self, node_type: str, rank: int, relaunches: int, memory_mb: int, cpu: float
+    ) -> Node | None:
+        """The standby becomes the next incarnation of (type, rank), with that task's
+        TF_CONFIG; None (and nothing done) when there is no standby that may."""
+        if node_type != "ps":
+            return None
+        s = self._standby
+        current = self.nodes.current(node_type, rank)
+        memory_mb = memory_mb or self.spec.ps.memory_mb
+        cpu = cpu or self.spec.ps.cpu
+        enforced = self.platform.enforces_resources
+        if not may_replace(s, current, memory_mb, cpu, enforced):
+            if s is not None and current is not None and current.id >= s.id:
+                # Older than the PS it would replace (e.g. after a PS count change): a new
+                # standby, with a newer id, takes its place.
+                self._retire_standby(f"older than {current.name} (id {current.id})")
+            return None
+        self._standby = None
+        self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
+        node = self.nodes.promote_standby(s.id, node_type, rank, relaunches, memory_mb)
+        node.cpu = cpu
+        address = self._address(node_type, rank)
+        config = tf_config(self.tf_cluster(), node_type, rank)
+        self.kv.set(ps_standby_key(s.id, "promote"), promotion_message(config, node.id))
+        self.nodes.mark_running(node.id, address, s.log_path, self.platform.handle(node.id))
+        self._mark_phase("ps_started", standby=True)
+        self._save_runtime()
+        self._emit(
+            "node_running",
+            f"{node.name} (id {node.id}) promoted from the standby PS at {address}",
+            node,
+            relaunches=relaunches,
+            memory_mb=node.memory_mb,
+            standby=True,
+            standby_ready=bool(s.ready_at),
+        )
+        return node
+
+    def _on_standby_exit(self, event: NodeEvent) -> bool:
+        """A platform event about the standby (it died before any promotion): forget it, a
+        new one starts later. Whether the event was the standby's."""
+        s = self._standby
+        if s is None or event.id != s.id:
+            return False
+        self._standby = None
+        self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
+        self._emit(
+            "ps_standby",
+            f"standby PS (id {s.id}) ended with exit code {event.exit_code}",
+            reason="ended",
+            id=s.id,
+            exit_code=event.exit_code,
+        )
+        return True
+
+    def _retire_standby(self, why: str) -> None:
+        s, self._standby = self._standby, None
+        if s is None:
+            return
+        self.kv.set(ps_standby_key(s.id, "promote"), retire_message())
+        self.platform.stop_node(s.id, 5.0)
+        self._emit(
+            "ps_standby", f"standby PS (id {s.id}) retired: {why}", reason="retired", id=s.id
+        )
+
+    def _resume_standby(self) -> None:
+        """A restarted master: the previous one's standby is not adopted; it is told to end
+        (it may still be waiting) and its id is never handed out again."""
+        # The restarted master may be carrying on a recovery it has no timeline of.
+        self._standby_due = time.monotonic() + RESUME_DELAY_SECONDS
+        raw = self.store.get(JOB_TABLE, STANDBY_RECORD_KEY)
+        if raw is None:
+            return
+        old = int(raw)
+        self.nodes.skip_ids_below(old + 1)
+        if self.nodes.get(old) is None:  # never promoted
+            self.nodes.allow_standby_id(old)
+            self.kv.set(ps_standby_key(old, "promote"), retire_message())
