@@ -183,15 +183,17 @@ def test_workers_scale_up_and_down_while_training(tmp_path):
         addr = first.split("master at ")[1].split(",")[0]
         token_file = os.path.join(first.split("run dir ")[1].strip(), ".job_token")
         _wait_for_node_process(tmp_path, "worker.1")
+        # Refused requests first, while the job surely runs (it may end soon after the
+        # scale-down: the chief's success ends it).
+        bad = _scale(addr, token_file, "chief=2")
+        assert bad.returncode == 2 and "cannot scale 'chief'" in bad.stderr
+        no_ps = _scale(addr, token_file, "ps=2")  # this fake job has no PS
+        assert no_ps.returncode == 2 and "the job has no PS" in no_ps.stderr
         up = _scale(addr, token_file, "worker=3")
         assert up.returncode == 0 and "worker: 2 -> 3 (cluster version 2)" in up.stdout, up
         _wait_for_node_process(tmp_path, "worker.2")
         down = _scale(addr, token_file, "worker=1")
         assert down.returncode == 0 and "worker: 3 -> 1" in down.stdout, down
-        bad = _scale(addr, token_file, "chief=2")
-        assert bad.returncode == 2 and "cannot scale 'chief'" in bad.stderr
-        no_ps = _scale(addr, token_file, "ps=2")  # this fake job has no PS
-        assert no_ps.returncode == 2 and "the job has no PS" in no_ps.stderr
         out = first + p.communicate(timeout=120)[0]
     finally:
         if p.poll() is None:
