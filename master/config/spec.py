@@ -24,6 +24,8 @@ from master.config.field_checks import (
 
 NODE_TYPES = ("ps", "chief", "worker", "evaluator")
 STRAGGLER_ACTIONS = ("report", "replace", "off")
+# When the job has succeeded: the chief (worker 0 without one) exits 0, or every worker does.
+SUCCESS_POLICIES = ("chief", "all_workers")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class NodeGroupSpec:
     # Most ranks run-time scaling may reach; 0 = max(2 * replicas, replicas + 2). TF needs every
     # worker slot in the cluster spec from the start, so a PS can reach workers added later.
     max_replicas: int = 0
+    # Kubernetes only: this group's container image ("" = the job's, `--image`) and the working
+    # directory inside it ("" = the image's own). Other platforms run the command as a process.
+    image: str = ""
+    image_workdir: str = ""
 
     @property
     def slots(self) -> int:
@@ -96,6 +102,8 @@ class JobSpec:
     metrics_port: int = 0
     # Automatic worker scaling and PS migration (master.job.autoscaler); off by default.
     autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
+    # When the job has succeeded (SUCCESS_POLICIES), as a TFJob's successPolicy.
+    success_policy: str = "chief"
     source: str = "<spec>"  # file it came from, for messages
 
     def __post_init__(self) -> None:
@@ -175,6 +183,13 @@ def _validate_job(spec: JobSpec) -> None:
         )
 
     setf("autoscale", _validate_autoscale(spec.autoscale, spec, src))
+    if spec.success_policy not in SUCCESS_POLICIES:
+        raise spec_error(
+            src,
+            "success_policy",
+            f"{spec.success_policy!r} is not a success policy",
+            f"Use one of: {', '.join(SUCCESS_POLICIES)}",
+        )
 
     if spec.chief.replicas > 1:
         raise spec_error(
@@ -209,7 +224,15 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
         cpu=as_number(group.cpu, src, p + "cpu", "a number of cores, e.g. 2 or 0.5"),
         memory_mb=as_int(group.memory_mb, src, p + "memory_mb", minimum=0),
         max_replicas=_check_max_replicas(group, src, p + "max_replicas"),
+        image=_as_text(group.image, src, p + "image", "e.g. 'registry/trainer:1.0'"),
+        image_workdir=_as_text(group.image_workdir, src, p + "image_workdir", "e.g. '/app'"),
     )
+
+
+def _as_text(value: object, src: str, path: str, example: str) -> str:
+    if not isinstance(value, str):
+        raise spec_error(src, path, f"expected a string, got {kind_of(value)}", f"Use {example}")
+    return value
 
 
 def _validate_autoscale(auto: object, spec: JobSpec, src: str) -> AutoscaleSpec:

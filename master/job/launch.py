@@ -120,6 +120,8 @@ def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str
         log_path=log_path,
         cpu=node.cpu or spec.group(node.type).cpu,
         memory_mb=node.memory_mb,
+        image=spec.group(node.type).image,
+        image_workdir=spec.group(node.type).image_workdir,
     )
 
 
