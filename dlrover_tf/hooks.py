@@ -75,7 +75,10 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
         self._dataset.step_done(int(step or 0))
         if self._watch is None:
             return
-        saved = self._watch.poll()  # the estimator's saver ran just before this hook
+        self._report_new_checkpoint()  # the estimator's saver ran just before this hook
+
+    def _report_new_checkpoint(self) -> None:
+        saved = self._watch.poll() if self._watch else None
         if saved is not None:
             try:
                 self._report_checkpoint(saved.global_step, saved.path)
@@ -89,6 +92,7 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
 
     def end(self, session) -> None:
         self._dataset.flush()
+        self._report_new_checkpoint()  # the saver saves once more as training ends
 
 
 class ShardProgressCallback(tf.keras.callbacks.Callback):
