@@ -152,11 +152,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.cmd == "submit" and args.platform == "k8s":
         # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
         from master.cli.k8s_submit import submit_k8s
+        from master.config.kubeflow import manifest_namespace
 
         return submit_k8s(
             spec,
             args.job_yaml,
-            args.namespace,
+            args.namespace or manifest_namespace(args.job_yaml),
             args.image,
             args.dry_run,
             state=args.state,

@@ -44,6 +44,20 @@ def is_kubeflow_manifest(data: object) -> bool:
     )
 
 
+def manifest_namespace(path: str) -> str:
+    """The `metadata.namespace` of a Kubeflow manifest file ("" if none, or not a manifest)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return ""
+    if not is_kubeflow_manifest(data) or not isinstance(data.get("metadata"), Mapping):
+        return ""
+    return str(data["metadata"].get("namespace") or "")
+
+
 def parse_kubeflow_job(data: Mapping[str, Any], source: str, base_dir: str) -> JobSpec:
     """A TFJob or PyTorchJob manifest as a validated JobSpec (its nodes run in base_dir
     locally; on Kubernetes in the containers' images)."""

@@ -285,3 +285,23 @@ def test_convert_of_a_refused_manifest_is_one_clear_error(tmp_path, capsys):
     assert main(["convert", path]) == 2
     err = capsys.readouterr().err
     assert "spec.elasticPolicy.metrics: not supported by dlrover" in err
+
+
+def test_submit_to_k8s_defaults_to_the_manifest_namespace(tmp_path, capsys):
+    data = yaml.safe_load(PYTORCHJOB)
+    data["metadata"]["namespace"] = "kubeflow"
+    path = write(tmp_path, yaml.safe_dump(data))
+    argv = ["submit", "--platform", "k8s", path, "--data-claim", "data", "--dry-run"]
+    assert main(argv) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert {o["metadata"]["namespace"] for o in objects} == {"kubeflow"}
+    assert main([*argv, "--namespace", "ml"]) == 0  # the flag wins
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert {o["metadata"]["namespace"] for o in objects} == {"ml"}
+
+
+def test_success_policy_is_one_of_two(tmp_path):
+    job = {"name": "j", "command": ["true"], "worker": {"replicas": 1}}
+    assert parse_job_spec(job | {"success_policy": "all_workers"}, "j.yaml", str(tmp_path))
+    with pytest.raises(SpecError, match="success_policy: 'any' is not a success policy"):
+        parse_job_spec(job | {"success_policy": "any"}, "j.yaml", str(tmp_path))
