@@ -10,6 +10,7 @@ in the manifest and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -21,8 +22,13 @@ from master.config.spec import JobSpec, NodeGroupSpec
 API_VERSION = "kubeflow.org/v1"
 KINDS = ("TFJob", "PyTorchJob")
 # Replica type (lower case) -> our node type.
-_TF_REPLICAS = {"ps": "ps", "chief": "chief", "master": "chief", "worker": "worker"}
-_TF_REPLICAS["evaluator"] = "evaluator"
+_TF_REPLICAS = {
+    "ps": "ps",
+    "chief": "chief",
+    "master": "chief",
+    "worker": "worker",
+    "evaluator": "evaluator",
+}
 _TORCH_REPLICAS = ("master", "worker")
 _SUCCESS_POLICIES = {"": "chief", "AllWorkers": "all_workers"}
 _RESTART_POLICIES = ("Always", "OnFailure", "ExitCode", "Never")
@@ -32,6 +38,9 @@ _CONTAINER_FIELDS |= {"imagePullPolicy", "ports"}
 _TORCH_LAUNCHERS = (("torchrun",), ("python", "-m", "torch.distributed.run"))
 _TORCH_LAUNCHERS += (("python3", "-m", "torch.distributed.run"),)
 _DLROVER_RUN = ("python", "-m", "dlrover_torch.run")
+# torchrun and dlrover-run flags that take no value.
+_FLAGS_WITHOUT_VALUE = ("--standalone", "--no-python", "--run-path", "--no-spare-workers")
+_FLAGS_WITHOUT_VALUE += ("--network-check", "--exclude-straggler")
 _IGNORED_RDZV = ("rdzvBackend", "rdzvHost", "rdzvPort", "rdzvId", "rdzvConf")
 
 
@@ -221,9 +230,9 @@ def _under_dlrover_run(
     rest = command
     for launcher in (*_TORCH_LAUNCHERS, _DLROVER_RUN, ("dlrover-run",)):
         if command[: len(launcher)] == launcher:
-            launcher_args, rest = (), command[len(launcher) :]
-            script_at = _script_index(rest)
-            launcher_args, rest = rest[:script_at], rest[script_at:]
+            after = command[len(launcher) :]
+            script_at = _script_index(after)
+            launcher_args, rest = after[:script_at], after[script_at:]
             break
     else:
         if command[0] not in ("python", "python3") or len(command) < 2:
@@ -250,15 +259,13 @@ def _script_index(args: tuple[str, ...]) -> int:
         arg = args[i]
         if arg in ("-m", "--module") or not arg.startswith("-"):
             return i
-        if "=" not in arg and arg not in ("--standalone", "--no-python", "--no-spare-workers"):
+        if "=" not in arg and arg.replace("_", "-") not in _FLAGS_WITHOUT_VALUE:
             i += 1  # the flag's value
         i += 1
     return len(args)
 
 
 def _replace(group: NodeGroupSpec, **changes: Any) -> NodeGroupSpec:
-    import dataclasses
-
     return dataclasses.replace(group, **changes)
 
 

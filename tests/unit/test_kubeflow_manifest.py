@@ -305,3 +305,24 @@ def test_success_policy_is_one_of_two(tmp_path):
     assert parse_job_spec(job | {"success_policy": "all_workers"}, "j.yaml", str(tmp_path))
     with pytest.raises(SpecError, match="success_policy: 'any' is not a success policy"):
         parse_job_spec(job | {"success_policy": "any"}, "j.yaml", str(tmp_path))
+
+
+def _torch_command(tmp_path, command):
+    data = yaml.safe_load(PYTORCHJOB)
+    container = data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["command"] = command
+    return parse_job_spec(data, "j.yaml", str(tmp_path)).command
+
+
+def test_a_module_runs_in_dlrover_runs_module_mode_and_a_shell_is_refused(tmp_path):
+    assert _torch_command(tmp_path, ["python", "-m", "trainer.main", "--lr", "1"])[-5:] == (
+        "100",
+        "-m",
+        "trainer.main",
+        "--lr",
+        "1",
+    )
+    with pytest.raises(SpecError) as e:
+        _torch_command(tmp_path, ["bash", "-c", "python train.py"])
+    assert "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].command:" in str(e.value)
+    assert "torchrun [flags] train.py" in str(e.value)
