@@ -12,7 +12,6 @@ import base64
 import dataclasses
 import hashlib
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -287,9 +286,7 @@ def node_pod(
                 "secret": {"secretName": token_secret, "defaultMode": 0o440},
             }
         )
-    command = list(spec.command)
-    if spec.image and command and command[0] == sys.executable:
-        command[0] = "python"  # the job's own image: its python, not the master's path
+    command = list(spec.image_command if spec.image and spec.image_command else spec.command)
     container: dict[str, Any] = {
         "name": spec.type,
         "image": spec.image or s.image,

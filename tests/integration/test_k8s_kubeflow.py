@@ -42,7 +42,7 @@ spec:
           containers:
             - name: tensorflow
               image: registry.example/mnist:2
-              command: [python, dist_mnist.py]
+              command: [python3, dist_mnist.py]
               args: [--steps=100]
               workingDir: /app
               resources:
@@ -112,7 +112,8 @@ def test_a_tfjob_gets_a_pod_per_replica_in_its_images_and_a_service_per_rank(
             api.kubelet.run(pod["metadata"]["name"])
         c = chief["spec"]["containers"][0]
         assert c["image"] == "registry.example/mnist:2"
-        assert c["command"] == ["python", "dist_mnist.py", "--steps=100"]  # the image's python
+        assert c["command"] == ["python3", "dist_mnist.py", "--steps=100"]  # as written
+        assert w0["spec"]["containers"][0]["command"][0] == "python"  # the image's own python
         assert c["workingDir"] == "/app"
         assert c["resources"]["limits"] == {"cpu": "2", "memory": "4096Mi"}
         p = ps["spec"]["containers"][0]
