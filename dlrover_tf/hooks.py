@@ -20,7 +20,8 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
     On the chief it also keeps the data position with the model, with nothing else to set up:
     each checkpoint the chief saves in `model_dir` (default: $DLROVER_MODEL_DIR) is reported
     with the dataset's ledger, and each session the chief creates reports the step its model
-    was loaded at, so after a PS failure the data goes back to the checkpoint TF restored.
+    was loaded at (from the session's readiness check, right after the restore), so after a
+    PS failure the data goes back to the checkpoint TF restored.
     """
 
     def __init__(self, dataset: ShardedDataset, model_dir: str = "") -> None:
@@ -29,11 +30,12 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
         self._global_step = None
         self._watch: CheckpointWatch | None = None
         self._reports_restores = False
+        self._restores_in_ready_op = False
 
     def begin(self) -> None:
         self._global_step = tf.compat.v1.train.get_global_step()
         self._watch = None
-        self._reports_restores = False
+        self._reports_restores = self._restores_in_ready_op = False
         if not is_chief_task(os.environ.get("TF_CONFIG", "")) or self._global_step is None:
             return
         if not self._dataset.checkpoints_reported_elsewhere:
@@ -47,23 +49,45 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
                     "ShardProgressHook(ds, model_dir=...) or set DLROVER_MODEL_DIR"
                 )
         self._reports_restores = not restores_reported(tf.compat.v1.get_default_graph())
+        ready_ops = tf.compat.v1.GraphKeys.READY_OP
+        if self._reports_restores and not tf.compat.v1.get_collection(ready_ops):
+            # The session's readiness check runs right after the restore, before any hook
+            # (the saver re-saves the model first) and before workers train on it: the
+            # step is reported there. A ready op of the program's own: after the session.
+            tf.compat.v1.add_to_collection(ready_ops, self._reporting_ready_op())
+            self._restores_in_ready_op = True
+
+    def _reporting_ready_op(self) -> tf.Tensor:
+        """TF's default readiness report, first telling the master the step the model was
+        loaded at."""
+        reported = tf.compat.v1.py_func(
+            self._report_restored, [self._global_step], tf.bool, stateful=True
+        )
+        with tf.control_dependencies([reported]):
+            return tf.compat.v1.report_uninitialized_variables(name="dlrover_reporting_ready_op")
+
+    def _report_restored(self, step: object) -> bool:
+        try:
+            self._dataset.client.report_model_restored(int(step))
+            log.info("model loaded at global step %d; the data position follows it", int(step))
+        except MasterError as e:
+            log.warning("cannot tell the master the model's step %d: %s", int(step), e)
+        return True
 
     def after_create_session(self, session, coord) -> None:
         if not (self._reports_restores or self._watch):
             return
         step = int(session.run(self._global_step))
-        try:
-            if self._reports_restores:
-                # The model was initialised or restored at `step`: the data follows it.
-                self._dataset.client.report_model_restored(step)
-                log.info("model loaded at global step %d; the data position follows it", step)
-            if self._watch is not None:
-                seen = self._watch.poll()  # the estimator saves the loaded model at once
-                if step == 0:
+        if self._reports_restores and not self._restores_in_ready_op:
+            self._report_restored(step)  # the model was initialised or restored at `step`
+        if self._watch is not None:
+            seen = self._watch.poll()  # the estimator saves the loaded model at once
+            if step == 0:
+                try:
                     self._report_checkpoint(0, seen.path if seen else "")
-                self._watch.reported_up_to(step)
-        except MasterError as e:
-            log.warning("cannot tell the master the model's step %d: %s", step, e)
+                except MasterError as e:
+                    log.warning("cannot report the checkpoint at step 0: %s", e)
+            self._watch.reported_up_to(step)
 
     def before_run(self, run_context):
         if self._global_step is None:
