@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +77,9 @@ class ShardedDataset:
         self._own_client = client is None
         self.client = client or MasterClient.from_env()
         self.tracker = BatchTracker()
+        # Set by CheckpointLedgerListener: it reports this dataset's checkpoints, the
+        # progress hook need not.
+        self.checkpoints_reported_elsewhere = False
         self._progress = ProgressStream(self.client)
         self._heartbeat: HeartbeatThread | None = None
         if self._own_client and self.client.node is not None:
@@ -137,22 +141,66 @@ class ShardedDataset:
         self.tracker.produced(list(last.items()))
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-    def to_tf_dataset(self, read_fn: Callable, prefetch: int = 2, parallel_reads: int = 2):
-        """A tf.data.Dataset of batches: `read_fn` maps a 1-D int64 index tensor to one batch.
+    def to_tf_dataset(
+        self,
+        read_fn: Callable | None = None,
+        prefetch: int = 2,
+        parallel_reads: int = 2,
+        *,
+        python_reader: Callable | None = None,
+        output_signature: Any = None,
+    ):
+        """A tf.data.Dataset of batches, each built from a 1-D int64 array of record indices.
 
-        Order is kept (the progress hook relies on it). Autotuning is off: in a distributed
-        graph-mode session, closing the iterator otherwise waits 15-20 s for its thread.
+        `read_fn` is made of TF ops: tf.data runs it (`map`) on an index tensor, in parallel.
+        `python_reader` is plain Python: it gets a numpy int64 array and returns numpy arrays
+        (or a tuple or dict of them), so records can come from any file format. Its
+        `output_signature` (tf.TensorSpec structure) is found by reading record 0 once when not
+        given. Order is kept either way (the progress hook relies on it). Autotuning is off: in
+        a distributed graph-mode session, closing the iterator otherwise waits 15-20 s for its
+        thread.
         """
         import tensorflow as tf
 
-        ds = tf.data.Dataset.from_generator(
-            self.batches, output_signature=tf.TensorSpec(shape=[None], dtype=tf.int64)
-        )
-        ds = ds.map(read_fn, num_parallel_calls=parallel_reads, deterministic=True)
+        if (read_fn is None) == (python_reader is None):
+            raise TypeError(
+                "to_tf_dataset takes one reader: read_fn (TF ops, run by tf.data on an index "
+                "tensor) or python_reader= (plain Python/numpy, run on a numpy index array)"
+            )
+        if python_reader is not None:
+            ds = self._python_reader_dataset(python_reader, output_signature)
+        else:
+            ds = tf.data.Dataset.from_generator(
+                self.batches, output_signature=tf.TensorSpec(shape=[None], dtype=tf.int64)
+            )
+            try:
+                ds = ds.map(read_fn, num_parallel_calls=parallel_reads, deterministic=True)
+            except (NotImplementedError, TypeError, AttributeError) as e:
+                raise TypeError(_python_reader_given(read_fn, e)) from e
         options = tf.data.Options()
         options.autotune.enabled = False
         options.deterministic = True
         return ds.prefetch(prefetch).with_options(options)
+
+    def _python_reader_dataset(self, reader: Callable, output_signature: Any):
+        """Batches read by a plain Python reader inside the shard generator."""
+        import tensorflow as tf
+
+        if output_signature is None:
+            sample = reader(np.zeros(1, dtype=np.int64))
+            _check_not_tf(reader, sample)
+            output_signature = tf.nest.map_structure(_batch_spec, sample)
+
+        def read_batches() -> Iterator[Any]:
+            first = True
+            for indices in self.batches():
+                batch = reader(indices)
+                if first:
+                    _check_not_tf(reader, batch)
+                    first = False
+                yield batch
+
+        return tf.data.Dataset.from_generator(read_batches, output_signature=output_signature)
 
     def step_done(self, global_step: int = 0, loss: float | None = None) -> None:
         """Report that one training step consumed the oldest produced batch (and its loss,
@@ -178,3 +226,44 @@ class ShardedDataset:
             self._heartbeat.stop()
         if self._own_client:
             self.client.close()
+
+
+def _reader_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _python_reader_given(read_fn: Callable, error: Exception) -> str:
+    """The message when a plain Python reader was given where TF ops were expected."""
+    name = _reader_name(read_fn)
+    return (
+        f"read_fn {name!r} cannot run on a TF tensor ({type(error).__name__}: {error}). "
+        "to_tf_dataset(read_fn) runs it inside tf.data on a symbolic index tensor, so it must "
+        "be made of TF ops. For a plain Python/numpy reader (records from any file format) "
+        f"call ds.to_tf_dataset(python_reader={name})"
+    )
+
+
+def _check_not_tf(reader: Callable, batch: Any) -> None:
+    """A python_reader must return numpy/Python values: a TF reader goes to read_fn."""
+    import tensorflow as tf
+
+    if any(tf.is_tensor(x) for x in tf.nest.flatten(batch)):
+        name = _reader_name(reader)
+        raise TypeError(
+            f"python_reader {name!r} returned TF tensors; a reader made of TF ops runs inside "
+            f"tf.data: call ds.to_tf_dataset({name}) instead"
+        )
+
+
+def _batch_spec(value: Any):
+    """The tf.TensorSpec of one component of a batch (any number of records)."""
+    import tensorflow as tf
+
+    array = np.asarray(value)
+    if array.ndim == 0:
+        raise TypeError(
+            "python_reader returned a scalar; return one value per record (an array whose "
+            "first dimension is the number of indices it was given)"
+        )
+    dtype = tf.string if array.dtype.kind in "USO" else tf.as_dtype(array.dtype)
+    return tf.TensorSpec(shape=(None, *array.shape[1:]), dtype=dtype)

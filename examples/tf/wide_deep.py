@@ -454,6 +454,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids",
     )
     p.add_argument(
+        "--progress-hook-only",
+        action="store_true",
+        help="use only ShardProgressHook: no elastic_model_fn, no CheckpointLedgerListener",
+    )
+    p.add_argument(
         "--rehearse-hang",
         metavar="TASK:INDEX:STEP",
         help="rehearse a hang: that task stops stepping at its local STEP (once per model dir)",
@@ -491,7 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         experimental_max_worker_delay_secs=0,
     )
     task = f"{config.task_type}:{config.task_id}"
-    if args.input == "dlrover" and config.task_type in ("chief", "worker"):
+    if (
+        args.input == "dlrover"
+        and config.task_type in ("chief", "worker")
+        and not args.progress_hook_only
+    ):
         from dlrover_tf.elastic_ps import elastic_model_fn, without_graph_rewrites
 
         if not args.graph_rewrites:
@@ -553,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             return dataset.to_tf_dataset(read_fn)
 
         hooks.append(dlrover_tf.ShardProgressHook(dataset))
-        if config.is_chief:
+        if config.is_chief and not args.progress_hook_only:
             # The data position is saved with every checkpoint: after a PS failure the master
             # rolls the data back to the checkpoint the chief restores.
             listeners.append(dlrover_tf.CheckpointLedgerListener(dataset, model_dir=args.model_dir))

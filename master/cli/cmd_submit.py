@@ -9,7 +9,7 @@ import sys
 
 from master.cli.cmd_brain import brain_location
 from master.cli.ray_master_actor import run_master_actor
-from master.config import JobSpec, MasterConfig, SpecError, load_job_spec
+from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job_spec
 from master.job.faults import FaultSpecError, parse_fault
 from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
@@ -135,6 +135,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
     if args.cmd == "submit" and args.platform != "k8s":
+        images = sorted({spec.group(t).image for t in NODE_TYPES if spec.group(t).image})
+        if images and args.lifeline_fd < 0:  # said once, not again by the supervised master
+            print(
+                f"dlrover: note: on --platform {args.platform} each container's command runs as "
+                f"a process here; the image{'s' if len(images) > 1 else ''} "
+                f"({', '.join(images)}) and working director{'ies' if len(images) > 1 else 'y'} "
+                "inside it are used on --platform k8s only",
+                file=sys.stderr,
+            )
         given = [f for f in ("dry_run", "namespace", "image", "data_claim") if getattr(args, f)]
         if given:
             flags = ", ".join("--" + f.replace("_", "-") for f in given)
@@ -143,11 +152,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.cmd == "submit" and args.platform == "k8s":
         # The master runs in the cluster (`dlrover master --platform k8s` in its pod).
         from master.cli.k8s_submit import submit_k8s
+        from master.config.kubeflow import manifest_namespace
 
         return submit_k8s(
             spec,
             args.job_yaml,
-            args.namespace,
+            args.namespace or manifest_namespace(args.job_yaml),
             args.image,
             args.dry_run,
             state=args.state,

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from master.config.errors import SpecError, kind_of, spec_error
+from master.config.kubeflow import is_kubeflow_manifest, parse_kubeflow_job
 from master.config.spec import NODE_TYPES, AutoscaleSpec, JobSpec, NodeGroupSpec
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.name != "source")
@@ -80,7 +81,10 @@ def _yaml_error(source: str, e: yaml.YAMLError) -> SpecError:
 def parse_job_spec(data: object, source: str, base_dir: str) -> JobSpec:
     """Validate an already-parsed spec (e.g. from YAML) into a JobSpec.
 
-    Relative paths are resolved against base_dir; source names the input in error messages."""
+    Relative paths are resolved against base_dir; source names the input in error messages.
+    A Kubeflow TFJob or PyTorchJob manifest (by apiVersion and kind) is read as such."""
+    if is_kubeflow_manifest(data):
+        return parse_kubeflow_job(data, source, base_dir)  # type: ignore[arg-type]
     if data is None:
         raise spec_error(
             source,
@@ -160,3 +164,41 @@ def _check_known_fields(
             problem = f"unknown field {name!r}"
             fix = f"Remove it; known fields here are: {', '.join(known)}"
         raise spec_error(source, path, problem, fix)
+
+
+def job_spec_document(spec: JobSpec, base_dir: str = "") -> dict[str, Any]:
+    """The spec as a job YAML document: fields that differ from their defaults, in the order
+    the README shows them; `workdir` relative to base_dir when it is inside it."""
+    doc: dict[str, Any] = {"name": spec.name, "command": list(spec.command)}
+    workdir = spec.workdir
+    if base_dir and os.path.abspath(base_dir) == workdir:
+        workdir = "."
+    doc["workdir"] = workdir
+    if spec.env:
+        doc["env"] = dict(spec.env)
+    default_group = NodeGroupSpec()
+    for node_type in NODE_TYPES:
+        group = spec.group(node_type)
+        if group == default_group:
+            continue
+        fields: dict[str, Any] = {}
+        for f in dataclasses.fields(NodeGroupSpec):
+            value = getattr(group, f.name)
+            if f.name == "replicas" or value != getattr(default_group, f.name):
+                fields[f.name] = (
+                    list(value)
+                    if isinstance(value, tuple)
+                    else dict(value)
+                    if isinstance(value, Mapping)
+                    else value
+                )
+        doc[node_type] = fields
+    defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
+    for name in _JOB_FIELDS:
+        if name in doc or name in NODE_TYPES or name in ("autoscale", "env", "workdir"):
+            continue
+        if getattr(spec, name) != defaults[name]:
+            doc[name] = getattr(spec, name)
+    if spec.autoscale != AutoscaleSpec():
+        doc["autoscale"] = dataclasses.asdict(spec.autoscale)
+    return doc

@@ -48,6 +48,10 @@ class NodeGroupSpec:
     # workers added later (a TF2 coordinator waits for every listed worker). Also implied by
     # an explicit max_replicas. Off: TF_CONFIG lists exactly the nodes that run.
     reserve_slots: bool = False
+    # Kubernetes only: this group's container image ("" = the job's, `--image`) and the working
+    # directory inside it ("" = the image's own). Other platforms run the command as a process.
+    image: str = ""
+    image_workdir: str = ""
 
     @property
     def slots(self) -> int:
@@ -279,7 +283,15 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
         memory_mb=as_int(group.memory_mb, src, p + "memory_mb", minimum=0),
         max_replicas=_check_max_replicas(group, src, p + "max_replicas"),
         reserve_slots=_check_bool(group.reserve_slots, src, p + "reserve_slots"),
+        image=_as_text(group.image, src, p + "image", "e.g. 'registry/trainer:1.0'"),
+        image_workdir=_as_text(group.image_workdir, src, p + "image_workdir", "e.g. '/app'"),
     )
+
+
+def _as_text(value: object, src: str, path: str, example: str) -> str:
+    if not isinstance(value, str):
+        raise spec_error(src, path, f"expected a string, got {kind_of(value)}", f"Use {example}")
+    return value
 
 
 def _validate_autoscale(auto: object, spec: JobSpec, src: str) -> AutoscaleSpec:

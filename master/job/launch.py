@@ -114,6 +114,7 @@ def node_log_path(run_dir: str, node: Node) -> str:
 
 def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str) -> NodeLaunchSpec:
     """What the platform needs to launch (or, with an empty env, adopt) a node incarnation."""
+    group = spec.group(node.type)
     return NodeLaunchSpec(
         type=node.type,
         rank=node.rank,
@@ -122,8 +123,11 @@ def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str
         env=env,
         workdir=spec.workdir,
         log_path=log_path,
-        cpu=node.cpu or spec.group(node.type).cpu,
+        cpu=node.cpu or group.cpu,
         memory_mb=node.memory_mb,
+        image=group.image,
+        image_command=(group.command or spec.command) if group.image else (),
+        image_workdir=group.image_workdir,
     )
 
 

@@ -27,6 +27,12 @@ class NodeLaunchSpec:
     log_path: str
     cpu: float = 0.0
     memory_mb: int = 0
+    # Platforms running images (Kubernetes): this node's image ("" = the platform's), the
+    # command as written for it (its own `python`) and the working directory inside it ("" =
+    # the image's own). Others run `command` in `workdir`.
+    image: str = ""
+    image_command: tuple[str, ...] = ()
+    image_workdir: str = ""
 
 
 @dataclass(frozen=True)

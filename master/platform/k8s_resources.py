@@ -286,18 +286,20 @@ def node_pod(
                 "secret": {"secretName": token_secret, "defaultMode": 0o440},
             }
         )
+    command = list(spec.image_command if spec.image and spec.image_command else spec.command)
     container: dict[str, Any] = {
         "name": spec.type,
-        "image": s.image,
-        "command": list(spec.command),
+        "image": spec.image or s.image,
+        "command": command,
         "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "ports": [{"name": "node", "containerPort": NODE_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # The tail of the log becomes the termination message: the master's exit message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if spec.workdir:
-        container["workingDir"] = spec.workdir
+    workdir = spec.image_workdir if spec.image else spec.workdir
+    if workdir:
+        container["workingDir"] = workdir
     if s.image_pull_policy:
         container["imagePullPolicy"] = s.image_pull_policy
     res = resources(spec.cpu, spec.memory_mb)

@@ -345,3 +345,45 @@ def test_tf_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
     assert [n["exit_reason"] for n in summary["nodes"]].count("hang") == 1
     # The hung step never ran: its batch, and the rest of its shard, went back to the queue.
     check_trained_ids(ids, RECORDS, extra_batches=1)
+
+
+def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_checkpoint(tmp_path):
+    # The program uses only the documented ShardProgressHook (no elastic_model_fn, no
+    # CheckpointLedgerListener): the hook alone tells the master of each checkpoint the chief
+    # saves and of the step the chief's session restored.
+    records = 3 * RECORDS  # 1,125 steps: checkpoints at 0, 500 and 1,000
+    ids = write_job(tmp_path, records=records, eval_records=1024)
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    job["command"].append("--progress-hook-only")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--kill", "ps:0@step=800", "--summary-json", str(tmp_path / "s.json")]
+    cmd += ["--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    kill = next(e for e in summary["events"] if e["kind"] == "fault")
+    killed_at = kill["details"]["global_step"]
+    # The step TF restored: the last checkpoint the chief's rebuilt session loaded.
+    chief_log = "".join(open(p).read() for p in glob.glob(str(run_dir / "logs" / "chief-0.*")))
+    # (The final evaluation restores the last checkpoint too: only those up to the kill count.)
+    loaded = [
+        int(line.split("model.ckpt-")[1].split()[0])
+        for line in chief_log.splitlines()
+        if "Restoring parameters from " in line and "model.ckpt-" in line
+    ]
+    restored = [step for step in loaded if step <= killed_at]
+    trained = np.concatenate(
+        [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
+    )
+    counts = np.bincount(trained, minlength=records)
+    extra = int((counts - EPOCHS).sum())
+    print(f"PS killed at global step {killed_at}; TF restored {restored}; trained again {extra}")
+    assert counts.min() == EPOCHS
+    # Usually 500; 0 when the chief, slowed by a loaded machine, had not saved at 500 yet.
+    assert restored, chief_log[-2000:]
+    since_checkpoint = max(0, killed_at - restored[-1]) * BATCH
+    assert extra <= since_checkpoint + 3 * BATCH, (extra, since_checkpoint, restored, killed_at)
+    rollback = [e for e in summary["events"] if e["kind"] == "rollback"]
+    assert rollback and rollback[-1]["details"]["checkpoint_step"] == restored[-1], rollback
