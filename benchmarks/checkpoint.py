@@ -112,7 +112,8 @@ def dlrover_flash_save(size_gib: float, root: str) -> dict[str, Any]:
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [exe, os.path.join(here, "anchor_flash_save.py"), str(size_gib)]
     cmd += [os.path.join(root, f"dlrover-{size_gib}"), str(2 + WARM_SAVES)]
-    proc = subprocess.Popen(
+    shutil.rmtree("/tmp/ckpt_sock", ignore_errors=True)  # DLRover's fixed socket dir: stale
+    proc = subprocess.Popen(  # sockets there from an earlier killed run make it wait a minute
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -130,6 +131,7 @@ def dlrover_flash_save(size_gib: float, root: str) -> dict[str, Any]:
         for name in os.listdir("/dev/shm"):
             if name.startswith("ckpt_shm_"):  # DLRover's segment (fixed names)
                 shm_mod.unlink_quietly(os.path.join("/dev/shm", name))
+        shutil.rmtree("/tmp/ckpt_sock", ignore_errors=True)
     try:
         doc = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
 from typing import Any
@@ -98,6 +99,11 @@ def _become_worker(job: dict[str, Any], warmup: CapturedOutput, stdin_fd: int | 
     run_as_main(list(job["argv"]), bool(job.get("module")))
 
 
+def _job_arrived() -> bool:
+    """Whether the agent wrote the job (or closed stdin) while this spare still warms up."""
+    return bool(select.select([0], [], [], 0)[0])
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrover_torch.spare_worker")
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD))
@@ -120,7 +126,8 @@ def main() -> None:
     try:
         base = [m for m in args.preload.split(",") if m.strip()]
         target = args.module or args.script
-        preload(modules_to_preload(base, target, bool(args.module), os.getcwd()), os.getcwd())
+        names = modules_to_preload(base, target, bool(args.module), os.getcwd())
+        preload(names, os.getcwd(), stop=_job_arrived)
     finally:
         warmup.stop()
     if args.ready_fd is not None:  # one byte says the imports are done
