@@ -86,20 +86,24 @@ def _is_local(name: str, local_dirs: tuple[str, ...]) -> bool:
 
 
 def modules_to_preload(
-    base: Iterable[str], target: str | None, module: bool, cwd: str
+    base: Iterable[str],
+    target: str | None,
+    module: bool,
+    cwd: str,
+    late: Iterable[str] = LATE_PRELOAD,
 ) -> list[str]:
-    """``base``, the installed modules the script imports at its top level, then the late ones
-    (``base`` may name them earlier)."""
+    """``base``, the installed modules the script imports at its top level, then ``late``."""
     names = list(base)
     if target:
         local = [os.path.abspath(cwd)]
         if not module:
             local.append(os.path.dirname(os.path.abspath(os.path.join(cwd, target))))
         local_dirs = tuple(dict.fromkeys(local))
-        for name in script_imports(_source_of(target, module)):
+        source = _source_of(target if module else os.path.join(cwd, target), module)
+        for name in script_imports(source):
             if not _is_local(name, local_dirs):
                 names.append(name)
-    return list(dict.fromkeys([*names, *LATE_PRELOAD]))
+    return list(dict.fromkeys([*names, *late]))
 
 
 def preload(names: Iterable[str], cwd: str, stop: Callable[[], bool] = lambda: False) -> list[str]:

@@ -273,7 +273,10 @@ def report_failure(entrypoint: str, result: RunResult) -> None:
 def _summarize(result: RunResult) -> str:
     lines = ["dlrover-run: the workers failed:"]
     for rank, failure in sorted(result.failures.items()):
-        message = failure.message if isinstance(failure.message, str) else str(failure.message)
+        message = failure.message
+        if isinstance(message, dict):  # read from the worker's error file
+            message = message.get("message", message)
+        message = message if isinstance(message, str) else str(message)
         lines.append(
             f"  global rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): "
             f"exit code {failure.exitcode}; {message.strip()[:400]}"

@@ -1,7 +1,8 @@
 """A spare worker process: imports torch and the script's imports ahead, then becomes one worker.
 
-The agent starts ``python -u -m dlrover_torch.spare_worker --preload MODULES [--script PATH |
---module NAME] --ready-fd FD [--stdin-fd FD] [--low-priority METHOD]`` and, when a worker group
+The agent starts ``python -u -m dlrover_torch.spare_worker --preload MODULES --late-preload
+MODULES [--script PATH | --module NAME] --ready-fd FD [--stdin-fd FD] [--low-priority METHOD]``
+(the script's imports are preloaded between the two lists) and, when a worker group
 starts, writes one JSON line to its stdin: the full environment, the argv, whether the entry is a
 module, the working directory and where stdout/stderr go. The process then becomes that worker,
 indistinguishable from ``python -u script.py`` started fresh: same ``__main__``, environment,
@@ -20,7 +21,7 @@ import sys
 from typing import Any
 
 from dlrover_torch import priority
-from dlrover_torch.preload import DEFAULT_PRELOAD, modules_to_preload, preload
+from dlrover_torch.preload import DEFAULT_PRELOAD, LATE_PRELOAD, modules_to_preload, preload
 from dlrover_torch.script_main import run_as_main
 
 PR_SET_PDEATHSIG = 1
@@ -107,6 +108,7 @@ def _job_arrived() -> bool:
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrover_torch.spare_worker")
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD))
+    p.add_argument("--late-preload", default=",".join(LATE_PRELOAD))
     p.add_argument("--script", default=None)
     p.add_argument("--module", default=None)
     p.add_argument("--ready-fd", type=int, default=None)
@@ -125,8 +127,9 @@ def main() -> None:
     warmup = CapturedOutput()
     try:
         base = [m for m in args.preload.split(",") if m.strip()]
+        late = [m for m in args.late_preload.split(",") if m.strip()]
         target = args.module or args.script
-        names = modules_to_preload(base, target, bool(args.module), os.getcwd())
+        names = modules_to_preload(base, target, bool(args.module), os.getcwd(), late)
         preload(names, os.getcwd(), stop=_job_arrived)
     finally:
         warmup.stop()

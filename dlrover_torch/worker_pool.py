@@ -22,7 +22,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SubprocessContext
 
 from dlrover_torch import priority
-from dlrover_torch.preload import DEFAULT_PRELOAD
+from dlrover_torch.preload import DEFAULT_PRELOAD, LATE_PRELOAD
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,13 @@ class SparePool:
         python: str = sys.executable,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         command: WorkerCommand | None = None,
+        late_preload: tuple[str, ...] = LATE_PRELOAD,
         lowering: str | None = None,
     ) -> None:
         self.size = size
         self._python = python
         self._preload = preload
+        self._late_preload = late_preload
         self._command = command
         self._lowering = priority.lowering_method() if lowering is None else lowering
         self._nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -72,6 +74,7 @@ class SparePool:
         stdin = _dup_stdin()
         argv = [self._python, "-u", "-m", "dlrover_torch.spare_worker"]
         argv += ["--preload", ",".join(self._preload), "--ready-fd", str(w)]
+        argv += ["--late-preload", ",".join(self._late_preload)]
         cmd = self._command
         if cmd is not None and not cmd.executable:
             argv += ["--module" if cmd.module else "--script", cmd.target]
