@@ -26,6 +26,8 @@ from dlrover_torch.preload import DEFAULT_PRELOAD, LATE_PRELOAD
 
 log = logging.getLogger(__name__)
 
+MAX_IDLE_DEATHS = 3  # spares that died before their job: after this many, no more spares
+
 
 @dataclass(frozen=True)
 class WorkerCommand:
@@ -66,6 +68,7 @@ class SparePool:
         self._ready_fds: dict[int, int] = {}  # pid -> read end of the spare's ready pipe
         self._ready: set[int] = set()
         self._low: set[int] = set()  # pids of spares started at low priority
+        self._idle_deaths = 0
         self.cold_starts = 0
 
     def _spawn(self, low_priority: bool = False) -> subprocess.Popen:
@@ -132,6 +135,7 @@ class SparePool:
                 alive.append(p)
             else:
                 self._forget(p)
+                self._idle_deaths += 1
                 log.warning(
                     "spare worker %s exited while idle (code %s); --no-spare-workers shows "
                     "what the script's imports do in a fresh process",
@@ -141,8 +145,11 @@ class SparePool:
         self._idle = alive
 
     def fill(self, low_priority: bool = False) -> None:
-        """Start spares until ``size`` are idle."""
+        """Start spares until ``size`` are idle (not any more once spares keep dying idle:
+        then every worker starts cold, as a fresh process would)."""
         self._prune()
+        if self._idle_deaths >= MAX_IDLE_DEATHS:
+            return
         while len(self._idle) < self.size:
             self._idle.append(self._spawn(low_priority))
 

@@ -26,7 +26,11 @@ FLAGS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"]
 def _problems(run: int, tmp, mode: str) -> list[str]:
     launcher_error = tmp / "launcher_error.json"
     env = base_env(TORCHELASTIC_ERROR_FILE=str(launcher_error))
-    out = run_launcher(FLAGS, script_args(tmp, "--steps", "20", f"--{mode}-at-step", "3"), 120, env)
+    # Rank 0 sleeps between steps, so it is stopped by the agent (SIGTERM) before it notices
+    # the lost peer: otherwise its own failure may be the first torch observes, and torchrun
+    # would name it the root cause as well (first observed failure, by timestamp).
+    argv = script_args(tmp, "--steps", "20", "--step-seconds", "1.5", f"--{mode}-at-step", "3")
+    out = run_launcher(FLAGS, argv, 120, env)
     text = out.stdout
     problems = []
     if out.returncode != 1:
@@ -48,6 +52,8 @@ def _problems(run: int, tmp, mode: str) -> list[str]:
             copied = f"unreadable: {e}"
         if copied != "RuntimeError: raised at step 3":
             problems.append(f"launcher error file: {copied}")
+    if "exitcode  : -15" not in text.split("Root Cause")[0]:
+        problems.append("rank 0 was not stopped by the agent")
     if "SIGABRT" in text or "exitcode  : -6" in text:
         problems.append("a worker died of SIGABRT")
     return [f"run {run} ({mode}): {p}" for p in problems]
