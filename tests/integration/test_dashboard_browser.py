@@ -72,11 +72,13 @@ def dlrover_status(header: dict, *args: str) -> subprocess.CompletedProcess:
 
 def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
     binary = chromium()
+    # A job that outlives the test on any machine (the test stops it): on a loaded one the
+    # browser steps take minutes, and a job that ended meanwhile has no master to ask.
     job = write_job(
         tmp_path,
-        env={"FAKE_SIZE": "60000", "FAKE_EPOCHS": "1", "FAKE_STEP_SECONDS": "0.01"},
+        env={"FAKE_SIZE": "60000", "FAKE_EPOCHS": "20", "FAKE_STEP_SECONDS": "0.01"},
     )
-    proc = start_submit(job, tmp_path, "--kill", "worker:1@3%")
+    proc = start_submit(job, tmp_path, "--kill", "worker:1@step=100")
     try:
         header = read_header(proc)
         url = header["dashboard"]
@@ -121,14 +123,18 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
         shot = os.path.join(DOCS, "dashboard.png")
         if os.path.exists(shot):
             os.remove(shot)
-        shot_run = run_chromium(
-            binary,
-            str(tmp_path / "profile-shot"),
-            f"--screenshot={shot}",
-            "--window-size=1280,1000",
-            link,
-        )
+        for attempt in range(3):  # as above: a starved browser may end without its screenshot
+            shot_run = run_chromium(
+                binary,
+                str(tmp_path / f"profile-shot{attempt}"),
+                f"--screenshot={shot}",
+                "--window-size=1280,1000",
+                link,
+            )
+            if shot_run.returncode == 0 and os.path.exists(shot):
+                break
         assert shot_run.returncode == 0, shot_run.stderr[-2000:]
+        assert os.path.exists(shot), shot_run.stderr[-2000:]
         with open(shot, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         screen = dlrover_status(header)
