@@ -75,10 +75,11 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
     # A job that outlives the test on any machine (the test stops it): on a loaded one the
     # browser steps take minutes, and a job that ended meanwhile has no master to ask.
     # Heartbeats get 30 s: with 3 s a loaded machine loses some, and relaunches nodes the
-    # story does not expect.
+    # story does not expect. Steps of 50 ms: scheduling delays on a loaded machine (a few ms)
+    # would double 10 ms steps and make an equal worker look like a straggler.
     job = write_job(
         tmp_path,
-        env={"FAKE_SIZE": "60000", "FAKE_EPOCHS": "20", "FAKE_STEP_SECONDS": "0.01"},
+        env={"FAKE_SIZE": "60000", "FAKE_EPOCHS": "20", "FAKE_STEP_SECONDS": "0.05"},
         heartbeat_timeout_seconds=30,
     )
     proc = start_submit(job, tmp_path, "--kill", "worker:1@step=100")
