@@ -7,6 +7,8 @@ starts, writes one JSON line to its stdin: the full environment, the argv, wheth
 module, the working directory and where stdout/stderr go. The process then becomes that worker,
 indistinguishable from ``python -u script.py`` started fresh: same ``__main__``, environment,
 streams (what the imports printed ahead is replayed into them), stdin, priority and exit status.
+One launcher policy differs on purpose: it keeps the spare's parent-death signal, so workers do
+not outlive a SIGKILLed agent and hold their peers' process group.
 """
 
 from __future__ import annotations
@@ -85,7 +87,6 @@ def _attach_stdin(fd: int | None) -> None:
 
 def _become_worker(job: dict[str, Any], warmup: CapturedOutput, stdin_fd: int | None) -> None:
     """Apply the job's environment, streams and argv, then run the script as __main__."""
-    _set_parent_death_signal(0)  # a fresh worker outlives a killed agent; so does this one
     os.environ.clear()
     os.environ.update(job["env"])
     if job.get("cwd"):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -114,41 +112,3 @@ def test_stdin_of_the_launcher_reaches_the_worker(workdir):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "piped to the launcher"
-
-
-def test_a_spare_outlives_a_killed_agent_as_a_fresh_worker_does(workdir):
-    (workdir / "wait.py").write_text("import time; print('up', flush=True); time.sleep(30)\n")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                """
-                import os, sys, time
-                from dlrover_torch.worker_pool import SparePool, WorkerCommand
-                pool = SparePool(1, preload=(), late_preload=(), command=WorkerCommand("w", ()))
-                pool.fill()
-                proc = pool.run_job("wait.py", [], dict(os.environ), stdout="wait.out")
-                print(proc.pid, flush=True)
-                time.sleep(60)
-                """
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    worker = int(agent.stdout.readline())
-    out = workdir / "wait.out"
-    try:
-        deadline = time.monotonic() + 60
-        while "up" not in (out.read_text() if out.exists() else ""):
-            assert time.monotonic() < deadline, "the worker never started"
-            time.sleep(0.05)
-        agent.kill()
-        agent.wait()
-        os.kill(worker, 0)  # still there: no parent-death signal once it is a worker
-    finally:
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
