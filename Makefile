@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint proto bench clean
+.PHONY: demo test test-fast lint proto bench anchors flake clean
 
 $(STAMP): setup.py constraints.txt
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,21 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/tf_hooks.py
+
+# DLRover 0.6.1, the reference system, in its own venv: the benchmarks run it beside ours when
+# .anchors/ exists (CI does not need it). torch==2.13.0 exactly: the CPU wheel from local disk.
+ANCHORS := .anchors
+anchors: $(ANCHORS)/.installed
+$(ANCHORS)/.installed:
+	$(PY) -m venv $(ANCHORS)
+	$(ANCHORS)/bin/pip install -q 'dlrover[k8s]==0.6.1' torch==2.13.0 protobuf numpy
+	touch $@
+
+# Repeat tests to find flakes: make flake TESTS="tests/integration" N=5 LOAD=1
+N ?= 5
+TESTS ?= tests
+flake: $(STAMP)
+	PYTHON=$(BIN)/python tools/flake.sh -n $(N) $(if $(filter 1,$(LOAD)),-l) $(TESTS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

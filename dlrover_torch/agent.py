@@ -27,6 +27,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 
 from dlrover_torch.hang import HangConfig, HangDetector
+from dlrover_torch.preload import DEFAULT_PRELOAD
 from dlrover_torch.progress import ENV_PROGRESS_FILE
 from dlrover_torch.reporting import AgentReporter
 from dlrover_torch.worker_pool import (
@@ -57,8 +58,7 @@ class AgentConfig:
 
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
-    spare_refill_delay_seconds: float = 15.0
-    preload: tuple[str, ...] = ("torch", "torch.distributed", "torch.nn")
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
     python: str = sys.executable
     host_worker_store: bool = True
     membership_grace_seconds: float = 0.5
@@ -106,7 +106,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 spec.local_world_size,
                 preload=config.preload,
                 python=config.python,
-                refill_delay_seconds=config.spare_refill_delay_seconds,
+                command=command,
             )
             if config.spare_workers
             else None
@@ -136,7 +136,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
         return self._pool
 
     def start_spares(self) -> None:
-        """Start the spare workers now, so they import torch while rendezvous runs."""
+        """Start the spare workers now (normal priority), so they import while rendezvous runs."""
         if self._pool is not None:
             self._pool.fill()
 
@@ -169,6 +169,8 @@ class DLRoverElasticAgent(LocalElasticAgent):
                     "the node check excluded this node (faulty or straggling); see the log "
                     "above. Drop --exclude-straggler to keep stragglers in the job."
                 )
+            if self._pool is not None:
+                self._pool.fill()  # the probe took a spare; the first group needs them all
         super()._initialize_workers(worker_group)
 
     def _hosts_worker_store(self, worker_group: WorkerGroup) -> bool:
@@ -261,6 +263,8 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 duplicate_stderr_filters=spec.duplicate_stderr_filters,
             )
         self._pcontext.start()
+        if self._pool is not None:
+            self._pool.refill()  # the next group's spares warm now, at low priority
         pids = self._pcontext.pids()
         self._hang.reset(pids, {rank: env[ENV_PROGRESS_FILE] for rank, env in envs.items()})
         return pids
@@ -276,10 +280,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._pool is not None:
-            # New spares import torch (about a second of CPU each); start them once the new
-            # group trains, so they do not slow down its start.
-            training = len(self._hang.last_steps()) >= worker_group.spec.local_world_size
-            self._pool.maybe_refill(training)
+            self._pool.refill()  # replaces a spare that died while idle
             ready = self._pool.ready_count()
             if ready != self._spares_ready:
                 self._spares_ready = ready

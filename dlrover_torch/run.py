@@ -17,6 +17,11 @@ from torch.distributed.elastic.multiprocessing.api import (
     SignalException,
     Std,
 )
+from torch.distributed.elastic.multiprocessing.errors import (
+    _NOT_AVAILABLE,
+    ChildFailedError,
+    get_error_handler,
+)
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
@@ -250,10 +255,28 @@ def _logs_specs_class(name: str | None) -> type[LogsSpecs]:
     return next(iter(found)).load()
 
 
+def report_failure(entrypoint: str, result: RunResult) -> None:
+    """What torchrun reports for failed workers: its failures table with the root cause (the
+    first failure), the root cause's error file copied to ours; then a one-line-per-rank
+    summary."""
+    error = ChildFailedError(name=entrypoint, failures=result.failures)
+    _, root = error.get_first_failure()
+    if root.error_file != _NOT_AVAILABLE:
+        try:
+            get_error_handler().dump_error_file(root.error_file, root.exitcode)
+        except (OSError, ValueError) as e:
+            log.warning("could not copy the root cause's error file %s: %s", root.error_file, e)
+    print(f"{type(error).__module__}.{type(error).__name__}: {error}", file=sys.stderr)
+    print(_summarize(result), file=sys.stderr)
+
+
 def _summarize(result: RunResult) -> str:
     lines = ["dlrover-run: the workers failed:"]
     for rank, failure in sorted(result.failures.items()):
-        message = failure.message if isinstance(failure.message, str) else str(failure.message)
+        message = failure.message
+        if isinstance(message, dict):  # read from the worker's error file
+            message = message.get("message", message)
+        message = message if isinstance(message, str) else str(message)
         lines.append(
             f"  global rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): "
             f"exit code {failure.exitcode}; {message.strip()[:400]}"
@@ -292,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=os.environ.get("LOGLEVEL", "INFO").upper(),
         format="[dlrover-run %(asctime)s %(levelname)s] %(message)s",
     )
+    get_error_handler().initialize()  # as torchrun's @record: faulthandler into our error file
     try:
         cfg, _ = config_from_args(argv, os.environ)
     except LaunchConfigError as e:
@@ -312,8 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dlrover-run: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except SignalException as e:
+        # torchrun lets the SignalException end the process: exit status 1 for any signal.
         print(f"dlrover-run: stopped by {e.sigval.name}; the workers were stopped", file=sys.stderr)
-        return 128 + int(e.sigval)
+        return EXIT_FAILED
     except Exception as e:
         from master.client import MasterError
 
@@ -326,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:  # torch: the rendezvous was closed and the agent exited gracefully
         return 0
     if result.is_failed():
-        print(_summarize(result), file=sys.stderr)
+        report_failure(cfg.command.target, result)
         return EXIT_FAILED
     return 0
 

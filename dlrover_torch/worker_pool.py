@@ -1,7 +1,8 @@
 """Spare worker processes started ahead with torch imported, and a process context that uses them.
 
-A fresh Python process spends most of a second importing torch; a restarted worker group that
-takes a spare skips that, so the launcher's share of a recovery is rendezvous plus a pipe write.
+A fresh Python process spends a second or more importing torch and the script's libraries; a
+restarted worker group that takes a spare skips that, so the launcher's share of a recovery is
+rendezvous plus a pipe write.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SubprocessContext
 
+from dlrover_torch import priority
+from dlrover_torch.preload import DEFAULT_PRELOAD, LATE_PRELOAD
+
 log = logging.getLogger(__name__)
 
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn")
+MAX_IDLE_DEATHS = 3  # spares that died before their job: after this many, no more spares
 
 
 @dataclass(frozen=True)
@@ -40,41 +44,53 @@ class WorkerCommand:
 
 
 class SparePool:
-    """Keeps up to ``size`` idle Python processes that already imported torch."""
+    """Keeps up to ``size`` idle Python processes that already imported torch and the script's
+    imports. Spares for the first group start at normal priority; refills start at low priority
+    (see ``priority``) so they do not slow the group that trains, and get it back when taken."""
 
     def __init__(
         self,
         size: int,
         python: str = sys.executable,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
-        refill_delay_seconds: float = 15.0,
+        command: WorkerCommand | None = None,
+        late_preload: tuple[str, ...] = LATE_PRELOAD,
+        lowering: str | None = None,
     ) -> None:
         self.size = size
         self._python = python
         self._preload = preload
-        self._refill_delay = refill_delay_seconds
+        self._late_preload = late_preload
+        self._command = command
+        self._lowering = priority.lowering_method() if lowering is None else lowering
+        self._nice = os.getpriority(os.PRIO_PROCESS, 0)
         self._idle: list[subprocess.Popen] = []
         self._ready_fds: dict[int, int] = {}  # pid -> read end of the spare's ready pipe
         self._ready: set[int] = set()
-        self._refill_at: float | None = time.monotonic()
+        self._low: set[int] = set()  # pids of spares started at low priority
+        self._idle_deaths = 0
         self.cold_starts = 0
 
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self, low_priority: bool = False) -> subprocess.Popen:
         """One new spare in its own session, so a stop can signal its whole process group."""
         r, w = os.pipe()
+        stdin = _dup_stdin()
+        argv = [self._python, "-u", "-m", "dlrover_torch.spare_worker"]
+        argv += ["--preload", ",".join(self._preload), "--ready-fd", str(w)]
+        argv += ["--late-preload", ",".join(self._late_preload)]
+        cmd = self._command
+        if cmd is not None and not cmd.executable:
+            argv += ["--module" if cmd.module else "--script", cmd.target]
+        if stdin is not None:
+            argv += ["--stdin-fd", str(stdin)]
+        if low_priority:
+            argv += ["--low-priority", self._lowering]
         try:
             proc = subprocess.Popen(
-                [
-                    self._python,
-                    "-u",
-                    "-m",
-                    "dlrover_torch.spare_worker",
-                    ",".join(self._preload),
-                    str(w),
-                ],
+                argv,
                 stdin=subprocess.PIPE,
                 start_new_session=True,
-                pass_fds=(w,),
+                pass_fds=(w,) if stdin is None else (w, stdin),
                 env=dict(os.environ),
             )
         except BaseException:
@@ -82,7 +98,11 @@ class SparePool:
             raise
         finally:
             os.close(w)
+            if stdin is not None:
+                os.close(stdin)
         self._ready_fds[proc.pid] = r
+        if low_priority and self._lowering != priority.NONE:
+            self._low.add(proc.pid)
         return proc
 
     def _forget(self, proc: subprocess.Popen) -> None:
@@ -90,6 +110,7 @@ class SparePool:
         if fd is not None:
             os.close(fd)
         self._ready.discard(proc.pid)
+        self._low.discard(proc.pid)
 
     def _is_ready(self, proc: subprocess.Popen) -> bool:
         """Whether the spare finished its imports (it writes one byte to its ready pipe)."""
@@ -107,40 +128,45 @@ class SparePool:
         return sum(1 for p in self._idle if self._is_ready(p))
 
     def _prune(self) -> None:
-        """Forget spares that died while idle (e.g. an import error)."""
+        """Forget spares that died while idle (e.g. killed by the OOM killer)."""
         alive = []
         for p in self._idle:
             if p.poll() is None:
                 alive.append(p)
             else:
                 self._forget(p)
-                log.warning("spare worker %s exited while idle (code %s)", p.pid, p.returncode)
+                self._idle_deaths += 1
+                log.warning(
+                    "spare worker %s exited while idle (code %s); --no-spare-workers shows "
+                    "what the script's imports do in a fresh process",
+                    p.pid,
+                    p.returncode,
+                )
         self._idle = alive
 
-    def fill(self) -> None:
-        """Start spares until ``size`` are idle."""
+    def fill(self, low_priority: bool = False) -> None:
+        """Start spares until ``size`` are idle (not any more once spares keep dying idle:
+        then every worker starts cold, as a fresh process would)."""
         self._prune()
+        if self._idle_deaths >= MAX_IDLE_DEATHS:
+            return
         while len(self._idle) < self.size:
-            self._idle.append(self._spawn())
-        self._refill_at = None
+            self._idle.append(self._spawn(low_priority))
 
-    def schedule_refill(self) -> None:
-        """Refill after a delay, so new spares do not compete with a group that is starting."""
-        self._refill_at = time.monotonic() + self._refill_delay
-
-    def maybe_refill(self, group_training: bool = False) -> None:
-        """Called from the agent's monitor loop: refill once the workers train (their first
-        steps are in) or the delay has passed, whichever comes first."""
-        if self._refill_at is not None and (group_training or time.monotonic() >= self._refill_at):
-            self.fill()
+    def refill(self) -> None:
+        """Top the pool up at low priority (called as soon as a group has taken its spares)."""
+        self.fill(low_priority=True)
 
     def take(self) -> subprocess.Popen:
-        """An idle spare (oldest first, most likely done importing), or a cold one if none."""
+        """An idle spare (ready ones first, oldest first), or a cold one if none; its CPU
+        priority is back to normal before it is handed a job."""
         self._prune()
         if self._idle:
             ready = [p for p in self._idle if self._is_ready(p)]
             proc = ready[0] if ready else self._idle[0]
             self._idle.remove(proc)
+            if proc.pid in self._low:
+                priority.restore(proc.pid, self._lowering, self._nice)
             self._forget(proc)
             return proc
         self.cold_starts += 1
@@ -192,7 +218,14 @@ class SparePool:
                 p.wait()
             self._forget(p)
         self._idle = []
-        self._refill_at = None
+
+
+def _dup_stdin() -> int | None:
+    """A copy of this process's stdin for a spare to hand its script, None when closed."""
+    try:
+        return os.dup(0)
+    except OSError:
+        return None
 
 
 def _kill_group(pid: int, sig: signal.Signals) -> None:
@@ -273,4 +306,3 @@ class PooledSubprocessContext(HookedSubprocessContext):
                 stderr=self.stderrs.get(local_rank) or None,
             )
             self.subprocess_handlers[local_rank] = _PooledHandler(proc, local_rank)
-        self._pool.schedule_refill()

@@ -133,19 +133,28 @@ class Checkpointer:
         self._raise_failures()
         lay, tensors = layout.plan(state_dict)
         meta = self._meta(lay, step, state_dict)
-        self._ensure_memory(lay, meta, in_save=True)
         persist = storage == "disk" and self.rank in self.writers
+        first = self.memory.first_save_possible(tensors)
+        if first:  # nothing to reserve up front: the write reserves what it writes
+            check_shm(self.memory.bytes_needed(lay.data_bytes, len(meta)), 0, self.memory.directory)
+        else:
+            self._ensure_memory(lay, meta, in_save=True)
         if persist and not self._disk_checked:
             self._check_disk(lay.data_bytes + len(meta))
-        self.memory.flush()
-        index = self._acquire_slot(step)
 
-        def committed(seq: int) -> None:
+        def committed(index: int, seq: int) -> None:
             if persist:
                 fut = self._submit_persist(self.memory.paths[index], seq)
                 self._pending.append(_Pending(step, index, fut))
 
-        self.memory.write(index, lay, tensors, meta, step, on_commit=committed)
+        if first:
+            committed(*self.memory.write_first(lay, tensors, meta, step))
+            return
+        self.memory.flush()
+        index = self._acquire_slot(step)
+        self.memory.write(
+            index, lay, tensors, meta, step, on_commit=lambda seq: committed(index, seq)
+        )
 
     def load(self) -> tuple[int, Any] | None:
         """The latest ``(step, state_dict)``: from memory if every rank holds the same step.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,11 +91,11 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def _is_dtensor(value: Any) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return False
-    return isinstance(value, DTensor)
+    # A DTensor exists only once its module was imported; importing it here would put half a
+    # second on the first save of every job that has none.
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 class _Planner:

@@ -16,6 +16,7 @@ import torch
 
 from dlrover_torch.checkpoint import shm
 from dlrover_torch.checkpoint.errors import CheckpointError
+from dlrover_torch.checkpoint.first_save import SlotReservation, writable_by_pwrite, write_slot
 from dlrover_torch.checkpoint.layout import (
     Layout,
     TensorExtent,
@@ -122,6 +123,7 @@ class MemoryStore:
         self._commit_thread: threading.Thread | None = None
         self._commit_index: int | None = None
         self._commit_error: BaseException | None = None
+        self._reservation: SlotReservation | None = None  # after a first save without prepare
 
     # ---- attach / allocate -------------------------------------------------------------
     def attach_existing(self) -> None:
@@ -147,7 +149,9 @@ class MemoryStore:
         return data_cap, meta_cap
 
     def ensure_needed(self, data_bytes: int, meta_bytes: int) -> bool:
-        """True when the slots must be mapped or grown before a save of this size."""
+        """True when the slots must be mapped or grown before a save of this size (waits for a
+        background reservation first, raising what it met, e.g. a full /dev/shm)."""
+        self._settle_reservation()
         fits = data_bytes <= self._data_cap and meta_bytes <= self._meta_cap
         return not (fits and all(self._slots))
 
@@ -190,6 +194,56 @@ class MemoryStore:
                 time.monotonic() - started,
             )
         return grew
+
+    def _settle_reservation(self) -> None:
+        """Take over the slots a background reservation mapped; raise the error it met."""
+        reservation, self._reservation = self._reservation, None
+        if reservation is None:
+            return
+        files = reservation.result()
+        for i, file in enumerate(files):
+            if self._slots[i] is not None:
+                self._slots[i].close()  # type: ignore[union-attr]
+            self._slots[i] = _Slot(file)
+
+    # ---- first save without prepare() ---------------------------------------------------
+    def first_save_possible(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether this is the rank's first save (no slot exists) with host tensors only."""
+        return (
+            self._reservation is None
+            and not any(self._slots)
+            and not any(os.path.exists(p) for p in self.paths)
+            and writable_by_pwrite(tensors)
+        )
+
+    def write_first(
+        self, layout: Layout, tensors: list[torch.Tensor], meta: bytes, step: int
+    ) -> tuple[int, int]:
+        """Write and commit slot 0 by ``pwrite`` (reserving only what it writes), then reserve
+        and map every slot in the background; returns ``(slot index, seq)``."""
+        data_cap, meta_cap = self._caps(layout.data_bytes, len(meta))
+        size = shm.HEADER_BYTES + data_cap + meta_cap
+        self.seq += 1
+        header = self._header(layout, step, data_cap)
+        write_slot(self.paths[0], size, layout, tensors, header, meta)
+        self._data_cap, self._meta_cap = data_cap, meta_cap
+        self.latest_index = 0
+        self._reservation = SlotReservation(self.paths, size, written=0)
+        return 0, self.seq
+
+    def _header(self, layout: Layout, step: int, data_cap: int) -> shm.SlotHeader:
+        return shm.SlotHeader(
+            shm.STATE_COMMITTED,
+            self.seq,
+            step,
+            layout.data_bytes,
+            shm.HEADER_BYTES + data_cap,
+            0,
+            0,
+            self.rank,
+            self.world,
+            time.time_ns(),
+        )
 
     # ---- write -------------------------------------------------------------------------
     def acquire(self, avoid: Iterable[int]) -> int | None:
@@ -236,18 +290,7 @@ class MemoryStore:
                     if ext.nbytes:
                         tensor_view(region, ext).copy_(tensor.detach(), non_blocking=cuda)
             self.seq += 1
-            header = shm.SlotHeader(
-                shm.STATE_COMMITTED,
-                self.seq,
-                step,
-                layout.data_bytes,
-                shm.HEADER_BYTES + self._data_cap,
-                0,
-                0,
-                self.rank,
-                self.world,
-                time.time_ns(),
-            )
+            header = self._header(layout, step, self._data_cap)
             done: Any = None
             if cuda:
                 done = torch.cuda.Event()
@@ -351,6 +394,7 @@ class MemoryStore:
 
     def read(self, copy: MemoryCopy) -> Any:
         """Copy a memory checkpoint out of shm and rebuild its state dict."""
+        self._settle_reservation()
         slot = self._slots[copy.index]
         if slot is None:
             file = shm.SlotFile.open(self.paths[copy.index], writable=True)
@@ -378,6 +422,10 @@ class MemoryStore:
             self.flush()
         except CheckpointError:
             log.exception("the last memory checkpoint did not commit")
+        try:
+            self._settle_reservation()
+        except CheckpointError as exc:
+            log.warning("reserving shared memory in the background failed: %s", exc)
         for i, slot in enumerate(self._slots):
             if slot is not None:
                 slot.close()

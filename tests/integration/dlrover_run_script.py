@@ -4,8 +4,10 @@ Each step all-reduces a counter across ranks; rank 0 checkpoints the step with t
 every rank resumes from it. Milestones go to --events as JSON lines. Fault knobs: --kill-at-step
 (SIGKILL rank --fault-rank on the first attempt), --crash-every/--max-crashes (SIGKILL on every
 K-th step while the restart count is below M), --hang-at-step (sleep forever, first attempt),
---exit-at-step (sys.exit(3), first attempt). --no-report keeps the script silent to dlrover's
-step API so hangs must be found from CPU activity.
+--exit-at-step (sys.exit(3), first attempt), --raise-at-step (an uncaught RuntimeError, first
+attempt; ``main`` is wrapped in torch's ``@record``, so it lands in the worker's error file).
+--no-report keeps the script silent to dlrover's step API so hangs must be found from CPU
+activity.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 ENV_NAMES = (
     "RANK",
@@ -39,6 +42,7 @@ ENV_NAMES = (
 )
 
 
+@record
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -48,6 +52,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--kill-at-step", type=int, default=-1)
     p.add_argument("--exit-at-step", type=int, default=-1)
+    p.add_argument("--raise-at-step", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--crash-every", type=int, default=0)
     p.add_argument("--max-crashes", type=int, default=0)
@@ -95,6 +100,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if first and step == args.exit_at_step:
                 sys.exit(3)
+            if first and step == args.raise_at_step:
+                raise RuntimeError(f"raised at step {step}")
             if first and step == args.hang_at_step:
                 event("hang", step=step)
                 while True:

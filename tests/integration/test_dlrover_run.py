@@ -84,7 +84,7 @@ def test_sigterm_stops_workers_and_exits(tmp_path):
         wait_for(lambda: len(loops()) == 2, 120, "both ranks in the loop")
         pids = [e["pid"] for e in events(tmp_path) if e["event"] == "loop"]
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 128 + signal.SIGTERM
+        assert proc.wait(60) == 1  # as torchrun: SignalException ends the launcher with 1
         for pid in pids:
             wait_for(lambda pid=pid: not _alive(pid), 30, f"worker {pid} to exit")
     finally:

@@ -1,0 +1,177 @@
+"""A rank's first memory save without ``prepare()``: write one slot, reserve the rest later.
+
+Reserving shared memory up front (``posix_fallocate`` of every slot, then mapping it populated)
+costs a first touch of every page, twice the state with two slots, on the training thread. The
+first save instead writes its slot with ``pwrite``: the kernel reserves exactly the pages written,
+and a full /dev/shm fails that write with ENOSPC (a clear error, never a SIGBUS) before anything
+is committed. A background thread then reserves and maps every slot at the size this save set;
+the next save waits for it, so every later save copies into reserved, mapped memory as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+
+import torch
+
+from dlrover_torch.checkpoint import shm
+from dlrover_torch.checkpoint.errors import CapacityError
+from dlrover_torch.checkpoint.layout import Layout
+
+log = logging.getLogger(__name__)
+
+MAX_IOV = 512  # buffers per pwritev call (the kernel's IOV_MAX is 1024)
+
+
+def writable_by_pwrite(tensors: list[torch.Tensor]) -> bool:
+    """Whether these tensors can be written straight from host memory (no device copies)."""
+    return all(t.device.type == "cpu" and not t.is_sparse for t in tensors)
+
+
+def _host_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order (a contiguous copy only when it is strided)."""
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _pwrite_all(fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
+    """Write ``buffers`` back to back at ``offset``; ENOSPC becomes a CapacityError."""
+    pending = [b for b in buffers if len(b)]
+    try:
+        while pending:
+            done = os.pwritev(fd, pending[:MAX_IOV], offset)
+            if done <= 0:
+                raise OSError(errno.ENOSPC, "pwritev wrote nothing")
+            offset += done
+            while done:  # drop what was written; a short write resumes mid-buffer
+                head = pending[0]
+                if done >= len(head):
+                    done -= len(head)
+                    pending.pop(0)
+                else:
+                    pending[0], done = head[done:], 0
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise CapacityError(
+                f"{path}: /dev/shm filled up during the first checkpoint save "
+                f"({shm.fmt_bytes(shm.shm_free_bytes(os.path.dirname(path)))} free now); nothing "
+                "was committed. Enlarge it (docker run --shm-size, a Kubernetes emptyDir with "
+                "medium: Memory and a sizeLimit) or use memory_slots=1"
+            ) from exc
+        raise
+
+
+def write_slot(
+    path: str,
+    size: int,
+    layout: Layout,
+    tensors: list[torch.Tensor],
+    header: shm.SlotHeader,
+    meta: bytes,
+) -> None:
+    """Create slot file ``path`` of ``size`` bytes (sparse) and commit one save into it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # readers (the agent's persister) wait for the commit
+        os.ftruncate(fd, size)
+        writing = shm.SlotHeader(shm.STATE_WRITING, 0, -1, 0, 0, 0, 0, 0, 0, 0)
+        os.pwrite(fd, writing.pack(), 0)
+        runs: list[tuple[int, list[memoryview]]] = []  # contiguous extents, written together
+        for ext, tensor in zip(layout.extents, tensors, strict=True):
+            if not ext.nbytes:
+                continue
+            offset = shm.HEADER_BYTES + ext.offset
+            buf = _host_bytes(tensor)
+            last = runs[-1] if runs else None
+            if last is not None and last[0] + sum(len(b) for b in last[1]) == offset:
+                last[1].append(buf)
+            else:
+                runs.append((offset, [buf]))
+        for offset, buffers in runs:
+            _pwrite_all(fd, path, buffers, offset)
+        _pwrite_all(fd, path, [memoryview(meta)], header.meta_off)
+        header.meta_len = len(meta)
+        header.meta_crc = zlib.crc32(meta)
+        committed = header.state
+        header.state = shm.STATE_WRITING
+        os.pwrite(fd, header.pack(), 0)
+        os.pwrite(fd, struct.pack("<I", committed), 8)  # the state flips last
+    except BaseException:
+        os.ftruncate(fd, 0)  # an empty file is never loaded
+        raise
+    finally:
+        os.close(fd)  # also releases the lock
+
+
+def reserve_hole_free(path: str, size: int) -> shm.SlotFile:
+    """Map a written slot file after reserving its remaining holes (slack, metadata room)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise CapacityError(
+                f"{path}: no room in /dev/shm to reserve the rest of this slot "
+                f"({shm.fmt_bytes(shm.shm_free_bytes(os.path.dirname(path)))} free)"
+            ) from exc
+        raise
+    os.close(fd)
+    file = shm.SlotFile.open(path, writable=True)
+    if file is None:
+        raise CapacityError(f"{path}: the slot file vanished while it was being reserved")
+    return file
+
+
+class SlotReservation:
+    """Reserves and maps every slot of a rank in a background thread."""
+
+    def __init__(self, paths: list[str], size: int, written: int) -> None:
+        self.paths = paths
+        self.size = size
+        self.written = written  # the slot the first save wrote (its pages partly exist)
+        self._files: list[shm.SlotFile] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ckpt-reserve", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        files: list[shm.SlotFile] = []
+        try:
+            for i, path in enumerate(self.paths):
+                if i == self.written:
+                    files.append(reserve_hole_free(path, self.size))
+                else:
+                    files.append(shm.SlotFile.create(path, self.size))
+        except BaseException as exc:
+            for f in files:
+                f.close()
+            self._error = exc
+            return
+        self._files = files
+        log.info(
+            "reserved %d shm slot(s) of %s in the background in %.3f s",
+            len(files),
+            shm.fmt_bytes(self.size),
+            time.monotonic() - started,
+        )
+
+    def done(self) -> bool:
+        """Whether the thread finished (successfully or not)."""
+        return not self._thread.is_alive()
+
+    def result(self) -> list[shm.SlotFile]:
+        """Wait for the thread; the mapped slot files, or the error it met."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._files is not None
+        return self._files
