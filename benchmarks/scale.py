@@ -1,0 +1,700 @@
+"""The master at hundreds to thousands of nodes: CPU, memory, RPC latency, failure detection.
+
+A real master runs in its own process, as `dlrover submit` runs it (a JobMaster with its control
+loop, a SQLite state store, the token check, the per-connection rate limit, the RPC timing
+interceptor, `rpc_threads` server threads) on a simulated platform that launches nothing. N
+worker nodes and N/50 PS nodes are simulated over real gRPC on loopback by asyncio clients
+spread over a few processes, each node with its own connection:
+
+- every node registers, then heartbeats at 1 Hz (resource stats, as HeartbeatThread sends);
+- every worker takes shards (`GetShard`, the next one asked for a step ahead, as a prefetching
+  input pipeline does) and reports its progress at 10 steps/s on its progress stream, one
+  message per step (batch 64, 16 steps per shard), as `ShardedDataset.step_done` does;
+- one worker goes silent at the start of the measured window (no heartbeat, no step, its
+  connection left open, as a hung machine); the time from its last heartbeat to the master's
+  `heartbeat_lost` event is the detection time (target: the job's timeout + 1 s).
+
+Then a torch rendezvous of 256 simulated nodes through our master (its rendezvous and KV
+services with a SQLite state store, `MasterRendezvousHandler` per node) and through torch's c10d
+dynamic rendezvous on a TCPStore, in the same run (benchmarks/rendezvous.py measures both).
+
+    python benchmarks/scale.py                      # 100, 300 and 1,000 workers, ~4 min
+    python benchmarks/scale.py --nodes 300 --seconds 10 --no-rendezvous
+
+Prints a table of how each cost grows with N, then one JSON line (the largest N's figures at
+the top level, every N under "sweep").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import random
+import resource
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sharding import _Child, _CpuMeter, _sleep_until, percentile  # noqa: E402
+
+log = logging.getLogger("bench.scale")
+
+DEFAULT_NODES = (100, 300, 1000)
+PS_PER_WORKERS = 50  # one PS node per 50 workers (at least one)
+SIM_PROCESSES = 4
+HEARTBEAT_HZ = 1.0
+STEPS_PER_S = 10.0
+BATCH_SIZE = 64
+RECORDS_PER_SHARD = BATCH_SIZE * 16
+DATASET = "scale"
+DATASET_SIZE = 10**9  # never runs out
+HEARTBEAT_TIMEOUT_S = 5.0
+HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
+RENDEZVOUS_NODES = 256
+C10D_TIMEOUT_S = 60.0
+TARGET_CPU_CORES = 1.0
+TARGET_RSS_MB = 500.0
+TARGET_P99_MS = 50.0
+TARGET_DETECT_SLACK_S = 1.0
+TARGET_RENDEZVOUS_S = 1.0
+START_MARGIN_S = 1.0  # between "every node registered" and the common start
+READY_TIMEOUT_S = 180.0
+RESULT_GRACE_S = 120.0
+UNARY_KINDS = ("heartbeat", "get_shard")
+# A connection per simulated node (by default gRPC shares one per process), keepalive as
+# MasterClient sets it.
+CHANNEL_OPTIONS = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.keepalive_time_ms", 2_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+# -- the master, in its own process -------------------------------------------------------------
+
+
+def _simulated_platform():
+    """A platform whose nodes are simulated elsewhere: launching does nothing, a kill ends the
+    incarnation at once (its exit event), as a real platform reports a killed process."""
+    from master.platform.api import NodeEvent, Platform
+
+    class SimulatedPlatform(Platform):
+        def __init__(self) -> None:
+            super().__init__()
+            self._running: dict[int, tuple[str, int]] = {}
+            self._lock = threading.Lock()
+
+        def address_for(self, node_type: str, rank: int) -> str:
+            return f"sim-{node_type}-{rank}:2222"
+
+        def launch(self, spec) -> None:
+            with self._lock:
+                self._running[spec.id] = (spec.type, spec.rank)
+
+        def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+            with self._lock:
+                node = self._running.pop(node_id, None)
+            if node is None:
+                return False
+            self.events.put(NodeEvent(node[0], node[1], node_id, exit_code=-sig))
+            return True
+
+        def stop_node(self, node_id: int, grace_seconds: float) -> None:
+            self.signal_node(node_id, signal.SIGTERM)
+
+        def shutdown(self, grace_seconds: float) -> None:
+            with self._lock:
+                self._running.clear()
+
+    return SimulatedPlatform()
+
+
+def _master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> None:
+    """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
+
+    Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
+    threads); "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
+    import psutil
+
+    from master.cli.submit import rpc_threads
+    from master.config import parse_job_spec
+    from master.job.master import JobMaster, JobRuntime
+    from master.observability.endpoint import Observability
+    from master.rpc.server import start_server
+    from master.state.sqlite import SQLiteStateStore
+
+    detected: list[tuple[int, float]] = []
+
+    def on_event(event) -> None:
+        if event.kind == "heartbeat_lost":
+            detected.append((event.node_id, time.monotonic()))
+
+    spec = parse_job_spec(
+        {
+            "name": "bench-scale",
+            "command": ["true"],
+            "worker": {"replicas": workers},
+            "ps": {"replicas": ps},
+            "heartbeat_timeout_seconds": timeout_s,
+        },
+        source="bench",
+        base_dir=tmp_dir,
+    )
+    store = SQLiteStateStore(os.path.join(tmp_dir, "state.sqlite"))
+    platform = _simulated_platform()
+    runtime = JobRuntime(run_dir=tmp_dir, master_addr="", token_file="")
+    job = JobMaster(spec, platform, store, runtime, on_event=on_event)
+    observability = Observability(job, "127.0.0.1", 0)
+    token = secrets.token_urlsafe(32)
+    server, port = start_server(
+        job,
+        "127.0.0.1",
+        0,
+        token,
+        rpc_threads(512, spec),  # as `dlrover submit` with the default MasterConfig
+        HEARTBEAT_INTERVAL_MS,
+        interceptors=observability.interceptors(),
+    )
+    runtime.master_addr = f"127.0.0.1:{port}"
+    runner = threading.Thread(target=job.run, name="job", daemon=True)
+    runner.start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while len(job.nodes.all_current()) < workers + ps and time.monotonic() < deadline:
+        time.sleep(0.05)
+    nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
+    conn.send(("ready", port, token, nodes))
+    me = psutil.Process()
+    peak = [0.0]
+
+    def sample_rss() -> None:
+        while runner.is_alive():
+            peak[0] = max(peak[0], me.memory_info().rss / 2**20)
+            time.sleep(0.1)
+
+    threading.Thread(target=sample_rss, name="rss", daemon=True).start()
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except (EOFError, OSError):
+                break
+            if request == "cpu":
+                t = os.times()
+                rss = me.memory_info().rss / 2**20
+                peak[0] = max(peak[0], rss)
+                conn.send(
+                    ("cpu", t.user + t.system, time.monotonic(), rss, peak[0], me.num_threads())
+                )
+            elif request == "detected":
+                conn.send(("detected", list(detected)))
+            else:
+                break
+    finally:
+        job.request_stop("benchmark done")
+        runner.join(10)
+        server.stop(grace=0).wait()
+        observability.stop()
+        store.close()
+
+
+# -- simulated nodes (asyncio, a few processes) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    """What one simulator process runs."""
+
+    addr: str
+    token: str
+    nodes: tuple[tuple[str, int, int], ...]  # (type, rank, id)
+    silent_id: int  # the node that goes silent at the window's start (0: none here)
+    warmup: float
+    seconds: float
+
+
+class _Stats:
+    """Latencies (seconds, of calls ending in the window) and counts of one process."""
+
+    def __init__(self) -> None:
+        self.latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
+        self.steps = 0  # progress messages sent in the window
+        self.shards = 0  # shards whose last step was reported in the window
+        self.late = array("d")  # how late each step started against its schedule
+        self.drain = 0.0
+        self.silent_last_beat = 0.0
+        self.errors: list[str] = []
+
+
+async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float, stats) -> None:
+    import grpc
+
+    from master.client import TOKEN_METADATA_KEY
+
+    common_pb2, data_pb2, nodes_pb2 = pb
+    node_type, rank, node_id = node
+    md = ((TOKEN_METADATA_KEY, plan.token),)
+    ref = common_pb2.NodeRef(type=node_type, rank=rank, id=node_id)
+    channel = grpc.aio.insecure_channel(plan.addr, options=CHANNEL_OPTIONS)
+    stub = stub_cls(channel)
+    clock = time.monotonic
+    silent_at = begin if node_id == plan.silent_id else float("inf")
+    stop_at = min(end, silent_at)
+
+    def timed(kind: str, t0: float) -> None:
+        t1 = clock()
+        if begin <= t1 < end:
+            stats.latency[kind].append(t1 - t0)
+
+    async def heartbeats() -> None:
+        stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
+        request = nodes_pb2.HeartbeatRequest(node=ref, stats=stat)
+        t = begin - plan.warmup + random.random() / HEARTBEAT_HZ
+        while t < stop_at:
+            await asyncio.sleep(max(0.0, t - clock()))
+            t0 = clock()
+            await stub.Heartbeat(request, metadata=md, timeout=30)
+            if node_id == plan.silent_id:
+                stats.silent_last_beat = t0
+            timed("heartbeat", t0)
+            t += 1 / HEARTBEAT_HZ
+
+    async def get_shard():
+        t0 = clock()
+        reply = await stub.GetShard(
+            data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0), metadata=md, timeout=30
+        )
+        timed("get_shard", t0)
+        if reply.status != data_pb2.GetShardReply.SHARD:
+            raise RuntimeError(f"GetShard answered status {reply.status}, not SHARD")
+        return reply.shard
+
+    async def steps() -> None:
+        call = stub.StreamProgress(metadata=md)
+        shard = await get_shard()
+        upcoming = None
+        step = 0
+        t = begin - plan.warmup + random.random() / STEPS_PER_S
+        while t < stop_at:
+            now = clock()
+            await asyncio.sleep(max(0.0, t - now))
+            started = clock()
+            size = shard.end - shard.start
+            done = min(size, (step % 16 + 1) * BATCH_SIZE)
+            step += 1
+            request = data_pb2.ReportProgressRequest(
+                node=ref,
+                dataset=DATASET,
+                reports=[data_pb2.ProgressReport(shard_id=shard.shard_id, records_consumed=done)],
+                global_step=step,
+            )
+            await call.write(request)
+            timed("stream_write", started)
+            if begin <= started < end:
+                stats.steps += 1
+                stats.late.append(max(0.0, started - t))
+            if done >= size - BATCH_SIZE and upcoming is None:
+                upcoming = asyncio.ensure_future(get_shard())  # prefetch, a step ahead
+            if done >= size:
+                if begin <= started < end:
+                    stats.shards += 1
+                shard, upcoming = await upcoming, None
+            t += 1 / STEPS_PER_S
+        if node_id == plan.silent_id:
+            await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
+            call.cancel()
+            return
+        if upcoming is not None:
+            await upcoming
+        t0 = clock()
+        await call.done_writing()
+        await call
+        stats.drain = max(stats.drain, clock() - t0)
+
+    try:
+        tasks = [heartbeats()]
+        if node_type == "worker":
+            tasks.append(steps())
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        pass
+    except Exception as e:
+        stats.errors.append(f"{node_type}-{rank}: {e!r}")
+    finally:
+        await channel.close(grace=None)
+
+
+async def _sim_run(conn, plan: SimPlan, stats: _Stats) -> None:
+    import grpc
+
+    from master.client import TOKEN_METADATA_KEY
+    from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+
+    md = ((TOKEN_METADATA_KEY, plan.token),)
+    # Every node connects and registers before the common start.
+    sem = asyncio.Semaphore(64)
+
+    async def register(node) -> None:
+        async with sem:
+            async with grpc.aio.insecure_channel(plan.addr) as channel:
+                ref = common_pb2.NodeRef(type=node[0], rank=node[1], id=node[2])
+                await master_pb2_grpc.MasterStub(channel).RegisterNode(
+                    nodes_pb2.RegisterRequest(node=ref, host="sim", pid=os.getpid()),
+                    metadata=md,
+                    timeout=60,
+                )
+
+    await asyncio.gather(*(register(n) for n in plan.nodes))
+    conn.send(("ready",))
+    start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    begin = start_at + plan.warmup
+    end = begin + plan.seconds
+    pb = (common_pb2, data_pb2, nodes_pb2)
+    await asyncio.gather(
+        *(_sim_node(master_pb2_grpc.MasterStub, pb, plan, n, begin, end, stats) for n in plan.nodes)
+    )
+
+
+def _sim_main(conn, plan: SimPlan) -> None:
+    """Entry of a simulator process: register its nodes, run them, send the figures."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="[sim] %(levelname)s %(message)s")
+    stats = _Stats()
+    try:
+        asyncio.run(_sim_run(conn, plan, stats))
+    except Exception as e:
+        stats.errors.append(repr(e))
+    conn.send(
+        (
+            "done",
+            {k: v.tobytes() for k, v in stats.latency.items()},
+            stats.steps,
+            stats.shards,
+            stats.late.tobytes(),
+            stats.drain,
+            stats.silent_last_beat,
+            stats.errors[:5],
+        )
+    )
+
+
+# -- one N --------------------------------------------------------------------------------------
+
+
+def _ask(child: _Child, request: str, what: str) -> tuple:
+    child.conn.send(request)
+    return child.recv(60, what)
+
+
+def _create_dataset(addr: str, token: str, node: tuple[str, int, int]) -> None:
+    from master.client import MasterClient, NodeIdentity
+    from master.pb import data_pb2
+
+    client = MasterClient(addr, token, NodeIdentity(*node))
+    try:
+        client.create_dataset(
+            data_pb2.DatasetSpec(
+                name=DATASET,
+                size=DATASET_SIZE,
+                batch_size=BATCH_SIZE,
+                records_per_shard=RECORDS_PER_SHARD,
+                epochs=1,
+            )
+        )
+    finally:
+        client.close()
+
+
+def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
+    """Simulate `n` workers (and their PS) against a fresh master; the figures of this N."""
+    ps = max(1, n // PS_PER_WORKERS)
+    children: list[_Child] = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        try:
+            master = _Child(ctx, "master", _master_main, tmp, n, ps, args.heartbeat_timeout)
+            children.append(master)
+            _, port, token, nodes = master.recv(READY_TIMEOUT_S, "starting the job")
+            addr = f"127.0.0.1:{port}"
+            log.info("N=%d: master pid %d at %s, %d nodes", n, master.proc.pid, addr, len(nodes))
+            workers = [x for x in nodes if x[0] == "worker"]
+            _create_dataset(addr, token, workers[0])
+            silent = workers[-1][2]
+            shares = [nodes[i :: args.sim_processes] for i in range(args.sim_processes)]
+            sims = []
+            for i, share in enumerate(shares):
+                plan = SimPlan(addr, token, tuple(share), silent, args.warmup, args.seconds)
+                sims.append(_Child(ctx, f"sim-{i}", _sim_main, plan))
+            children.extend(sims)
+            for sim in sims:
+                sim.recv(READY_TIMEOUT_S, "registering nodes")
+            start_at = time.monotonic() + START_MARGIN_S
+            for sim in sims:
+                sim.conn.send(start_at)
+            meter = _CpuMeter(master, sims)
+            begin = start_at + args.warmup
+            _sleep_until(begin)
+            cpu0, own0 = meter.sample(), _ask(master, "cpu", "reading its CPU")
+            _sleep_until(begin + args.seconds)
+            cpu1, own1 = meter.sample(), _ask(master, "cpu", "reading its CPU")
+            results = [
+                sim.recv(args.seconds + args.warmup + RESULT_GRACE_S, "simulating") for sim in sims
+            ]
+            # The silent node: wait for its detection (at most the timeout + 5 s after it).
+            deadline = begin + args.heartbeat_timeout + 5
+            while True:
+                events = _ask(master, "detected", "reading events")[1]
+                detected = [t for nid, t in events if nid == silent]
+                if detected or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+            own_end = _ask(master, "cpu", "reading its memory")
+        finally:
+            for child in reversed(children):
+                child.stop()
+    errors = [e for r in results for e in r[7]]
+    if errors:
+        raise RuntimeError(f"N={n}: {len(errors)} simulated node(s) failed; first: {errors[0]}")
+    latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
+    late = array("d")
+    for r in results:
+        for k, raw in r[1].items():
+            latency[k].frombytes(raw)
+        late.frombytes(r[4])
+    last_beat = max(r[6] for r in results)
+    seconds = args.seconds
+    wall = own1[2] - own0[2]
+    master_cpu, sim_cpu, other_cpu = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+    per_kind = {}
+    for k, values in latency.items():
+        v = sorted(values)
+        per_kind[k] = {
+            "count": len(v),
+            "p50_ms": round(percentile(v, 50) * 1000, 2) if v else None,
+            "p99_ms": round(percentile(v, 99) * 1000, 2) if v else None,
+        }
+    steps = sum(r[2] for r in results)
+    shards = sum(r[3] for r in results)
+    lates = sorted(late)
+    return {
+        "nodes": n,
+        "ps_nodes": ps,
+        "master_cpu_cores": round((own1[1] - own0[1]) / wall, 3),
+        "master_rss_mb": round(own_end[4], 1),
+        "master_threads": own1[5],
+        "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
+        "rpc": per_kind,
+        "shard_round_trips_per_s": round(shards / seconds, 1),
+        "progress_messages_per_s": round(steps / seconds, 1),
+        "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
+        "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
+        "stream_drain_ms": round(max(r[5] for r in results) * 1000, 1),
+        "lost_node_detected_s": round(detected[0] - last_beat, 2) if detected else None,
+        "heartbeat_timeout_s": args.heartbeat_timeout,
+        "master_cpu_us_per_message": round((own1[1] - own0[1]) / max(1, steps + n + ps) * 1e6, 1),
+        "meter_master_cpu_cores": round(master_cpu / seconds, 3),
+        "sim_cpu_cores": round(sim_cpu / seconds, 3),
+        "other_load_cores": round(max(0.0, other_cpu) / seconds, 3),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# -- the 256-node rendezvous --------------------------------------------------------------------
+
+
+def _serve_rendezvous(conn, state_path: str) -> None:
+    from master.rpc.standalone import start_standalone_master
+
+    logging.basicConfig(level=logging.WARNING)
+    server, port, token = start_standalone_master(max_workers=2048, state_path=state_path)
+    conn.send(("ready", port, token))
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+    server.stop(grace=0).wait()
+
+
+def run_rendezvous(n: int, c10d_timeout: float, ctx) -> dict:
+    """One n-node rendezvous through our master (SQLite state) and through torch's c10d."""
+    from datetime import timedelta
+
+    import rendezvous as rdzv  # benchmarks/rendezvous.py: imports torch
+
+    for name in ("dlrover_torch", "torch.distributed.elastic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-rdzv-") as tmp:
+        server = _Child(ctx, "rendezvous-master", _serve_rendezvous, os.path.join(tmp, "s.db"))
+        try:
+            _, port, token = server.recv(READY_TIMEOUT_S, "starting")
+            ours = rdzv.measure_master(f"127.0.0.1:{port}", token, n, "scale")
+        finally:
+            server.stop()
+    tcp = rdzv.dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    clients = rdzv.connect_tcp_stores(tcp.port, n)
+    theirs = rdzv.measure_torch(clients, n, "scale", c10d_timeout)
+    return {
+        "rendezvous_nodes": n,
+        "rendezvous_256_s": round(ours, 3),
+        "c10d_rendezvous_256_s": None if theirs is None else round(theirs, 3),
+        "c10d_timed_out": theirs is None,
+        "c10d_timeout_s": c10d_timeout,
+    }
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def targets(top: dict, rdzv: dict | None) -> dict:
+    """Each target of the issue, met or not (None: not measured in this run)."""
+    out = {
+        "cpu_le_1_core": top["master_cpu_cores"] <= TARGET_CPU_CORES,
+        "rss_le_500_mb": top["master_rss_mb"] <= TARGET_RSS_MB,
+        "rpc_p99_le_50_ms": top["rpc_p99_ms"] <= TARGET_P99_MS,
+        "detected_within_timeout_plus_1_s": top["lost_node_detected_s"] is not None
+        and top["lost_node_detected_s"] <= top["heartbeat_timeout_s"] + TARGET_DETECT_SLACK_S,
+        "rendezvous_256_le_1_s": None,
+        "rendezvous_256_not_slower_than_c10d": None,
+    }
+    if top["nodes"] < 1000:
+        out = {k: (None if k != "detected_within_timeout_plus_1_s" else v) for k, v in out.items()}
+    if rdzv:
+        out["rendezvous_256_le_1_s"] = rdzv["rendezvous_256_s"] <= TARGET_RENDEZVOUS_S
+        c10d = rdzv["c10d_rendezvous_256_s"]
+        out["rendezvous_256_not_slower_than_c10d"] = (
+            c10d is None or rdzv["rendezvous_256_s"] <= c10d
+        )
+    return out
+
+
+def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
+    w = sys.stdout.write
+    w(
+        f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
+        f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
+        f"{args.sim_processes} simulator processes, {os.cpu_count()} cores\n\n"
+    )
+    head = (
+        f"{'N':>5} | {'master cores':>12} {'us/msg':>6} {'RSS MB':>7} {'threads':>7} | "
+        f"{'hb p50/p99 ms':>14} {'shard p50/p99 ms':>16} | {'msgs/s':>7} {'shards/s':>8} "
+        f"{'steps/w/s':>9} | {'detect s':>8} | {'sim cores':>9} {'other':>5} | load"
+    )
+    w(head + "\n" + "-" * len(head) + "\n")
+    for r in sweep:
+        hb, gs = r["rpc"]["heartbeat"], r["rpc"]["get_shard"]
+        det = r["lost_node_detected_s"]
+        cols = [
+            f"{r['nodes']:>5}",
+            f"{r['master_cpu_cores']:>12.2f} {r['master_cpu_us_per_message']:>6.0f} "
+            f"{r['master_rss_mb']:>7.0f} {r['master_threads']:>7}",
+            f"{hb['p50_ms']:>6.1f}/{hb['p99_ms']:<7.1f} {gs['p50_ms']:>7.1f}/{gs['p99_ms']:<8.1f}",
+            f"{r['progress_messages_per_s']:>7.0f} {r['shard_round_trips_per_s']:>8.1f} "
+            f"{r['steps_per_worker_per_s']:>9.2f}",
+            f"{det if det is not None else '-':>8}",
+            f"{r['sim_cpu_cores']:>9.2f} {r['other_load_cores']:>5.2f}",
+            f"{r['loadavg'][0]:.1f}",
+        ]
+        w(" | ".join(cols) + "\n")
+    w(
+        f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
+        f"us/msg: its CPU per message\n(progress steps + heartbeats); detect s: last heartbeat "
+        f"of the silent node to the master's heartbeat_lost\n"
+        f"(timeout {args.heartbeat_timeout:g} s); "
+        f"steps/w/s: progress messages per worker per second that the simulator achieved "
+        f"(target {STEPS_PER_S:g}).\n"
+    )
+    if rdzv:
+        c10d = rdzv["c10d_rendezvous_256_s"]
+        shown = (
+            f"{c10d:.3f} s" if c10d is not None else f"> {rdzv['c10d_timeout_s']:g} s (timed out)"
+        )
+        w(
+            f"\n{rdzv['rendezvous_nodes']}-node torch rendezvous: our master "
+            f"{rdzv['rendezvous_256_s']:.3f} s, torch c10d {shown}\n"
+        )
+    w("\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--nodes",
+        default=",".join(map(str, DEFAULT_NODES)),
+        help="comma-separated worker counts (each also gets N/50 PS nodes)",
+    )
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per N")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
+    p.add_argument("--heartbeat-timeout", type=float, default=HEARTBEAT_TIMEOUT_S)
+    p.add_argument("--sim-processes", type=int, default=SIM_PROCESSES)
+    p.add_argument("--rendezvous-nodes", type=int, default=RENDEZVOUS_NODES)
+    p.add_argument("--c10d-timeout", type=float, default=C10D_TIMEOUT_S)
+    p.add_argument("--no-rendezvous", action="store_true", help="skip the rendezvous part")
+    p.add_argument("--json-only", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        args.nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--nodes: {args.nodes!r} is not a comma-separated list of integers")
+    if not args.nodes or min(args.nodes) < 2:
+        p.error("--nodes: every count must be at least 2")
+    if args.seconds < args.heartbeat_timeout + 2:
+        p.error("--seconds must exceed --heartbeat-timeout by 2 s (the silent node's detection)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.json_only else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    # A connection per node: the master needs a descriptor per node (the children inherit it).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    ctx = multiprocessing.get_context("spawn")
+    sweep = []
+    for n in args.nodes:
+        r = run_scale(n, args, ctx)
+        log.info("N=%d: %s", n, json.dumps(r))
+        sweep.append(r)
+    rdzv = None
+    if not args.no_rendezvous:
+        rdzv = run_rendezvous(args.rendezvous_nodes, args.c10d_timeout, ctx)
+        log.info("rendezvous: %s", json.dumps(rdzv))
+    if not args.json_only:
+        print_table(sweep, rdzv, args)
+    top = dict(sweep[-1])
+    top.update(rdzv or {"rendezvous_256_s": None, "c10d_rendezvous_256_s": None})
+    doc = {"benchmark": "scale", **top, "targets": targets(sweep[-1], rdzv), "sweep": sweep}
+    print(json.dumps(doc), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted; the master and simulator processes were stopped\n")
+        sys.exit(130)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        sys.stderr.write(f"benchmark failed: {e}\n")
+        sys.exit(1)
