@@ -333,7 +333,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float,
     except asyncio.CancelledError:
         pass
     except Exception as e:
-        stats.errors.append(f"{node_type}-{rank}: {e!r}")
+        stats.errors.append(f"{node_type}-{rank}: {e!r}"[:300])
     finally:
         await channel.close(grace=None)
 
@@ -387,7 +387,7 @@ def _sim_main(conn, plan: SimPlan) -> None:
             stats.late.tobytes(),
             stats.drain,
             stats.silent_last_beat,
-            stats.errors[:5],
+            stats.errors,
         )
     )
 
@@ -458,6 +458,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             while True:
                 events = _ask(master, "detected", "reading events")[1]
                 detected = [t for nid, t in events if nid == silent]
+                false_lost = len({nid for nid, _ in events if nid != silent})
                 if detected or time.monotonic() >= deadline:
                     break
                 time.sleep(0.2)
@@ -465,9 +466,11 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         finally:
             for child in reversed(children):
                 child.stop()
+    # A node the master declared lost (its heartbeats came too late) is refused from then on:
+    # counted, not fatal, so an overloaded master still gets its figures.
     errors = [e for r in results for e in r[7]]
     if errors:
-        raise RuntimeError(f"N={n}: {len(errors)} simulated node(s) failed; first: {errors[0]}")
+        log.warning("N=%d: %d simulated node(s) failed; first: %s", n, len(errors), errors[0])
     latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
     late = array("d")
     for r in results:
@@ -502,8 +505,13 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
         "stream_drain_ms": round(max(r[5] for r in results) * 1000, 1),
-        "lost_node_detected_s": round(detected[0] - last_beat, 2) if detected else None,
+        # None: not detected, or the silent node was refused before its silence began.
+        "lost_node_detected_s": round(detected[0] - last_beat, 2)
+        if detected and last_beat
+        else None,
         "heartbeat_timeout_s": args.heartbeat_timeout,
+        "false_lost_nodes": false_lost,  # live nodes the master declared lost (too slow)
+        "nodes_failed": len(errors),
         "master_cpu_us_per_message": round((own1[1] - own0[1]) / max(1, steps + n + ps) * 1e6, 1),
         "meter_master_cpu_cores": round(master_cpu / seconds, 3),
         "sim_cpu_cores": round(sim_cpu / seconds, 3),
@@ -568,6 +576,10 @@ def targets(top: dict, rdzv: dict | None) -> dict:
         "rpc_p99_le_50_ms": top["rpc_p99_ms"] <= TARGET_P99_MS,
         "detected_within_timeout_plus_1_s": top["lost_node_detected_s"] is not None
         and top["lost_node_detected_s"] <= top["heartbeat_timeout_s"] + TARGET_DETECT_SLACK_S,
+        # Every node served: none declared lost but the silent one, 95% of the steps sent.
+        "all_nodes_kept_up": top["false_lost_nodes"] == 0
+        and top["nodes_failed"] == 0
+        and top["steps_per_worker_per_s"] >= 0.95 * STEPS_PER_S,
         "rendezvous_256_le_1_s": None,
         "rendezvous_256_not_slower_than_c10d": None,
     }
@@ -592,7 +604,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
     head = (
         f"{'N':>5} | {'master cores':>12} {'us/msg':>6} {'RSS MB':>7} {'threads':>7} | "
         f"{'hb p50/p99 ms':>14} {'shard p50/p99 ms':>16} | {'msgs/s':>7} {'shards/s':>8} "
-        f"{'steps/w/s':>9} | {'detect s':>8} | {'sim cores':>9} {'other':>5} | load"
+        f"{'steps/w/s':>9} | {'detect s':>8} {'lost':>4} | {'sim cores':>9} {'other':>5} | load"
     )
     w(head + "\n" + "-" * len(head) + "\n")
     for r in sweep:
@@ -605,7 +617,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
             f"{hb['p50_ms']:>6.1f}/{hb['p99_ms']:<7.1f} {gs['p50_ms']:>7.1f}/{gs['p99_ms']:<8.1f}",
             f"{r['progress_messages_per_s']:>7.0f} {r['shard_round_trips_per_s']:>8.1f} "
             f"{r['steps_per_worker_per_s']:>9.2f}",
-            f"{det if det is not None else '-':>8}",
+            f"{det if det is not None else '-':>8} {r['false_lost_nodes']:>4}",
             f"{r['sim_cpu_cores']:>9.2f} {r['other_load_cores']:>5.2f}",
             f"{r['loadavg'][0]:.1f}",
         ]
@@ -614,7 +626,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
         f"us/msg: its CPU per message\n(progress steps + heartbeats); detect s: last heartbeat "
         f"of the silent node to the master's heartbeat_lost\n"
-        f"(timeout {args.heartbeat_timeout:g} s); "
+        f"(timeout {args.heartbeat_timeout:g} s); lost: live nodes the master declared lost; "
         f"steps/w/s: progress messages per worker per second that the simulator achieved "
         f"(target {STEPS_PER_S:g}).\n"
     )
