@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 LEDGER_TABLE = "ledger"
 LEASE_TABLE = "ledger_lease"
 SNAPSHOT_TABLE = "ledger_snapshot"
-# Lease rows one write may change: below etcd's default of 128 operations per transaction.
+# Lease rows one write may change in a store that limits its transactions (etcd: 128
+# operations by default). A store without a limit (SQLite) takes every changed row in one
+# transaction, so a write costs the rows it changed whatever the number of held shards.
 MAX_LEASE_ROWS_PER_WRITE = 100
 DEFAULT_FLUSH_SECONDS = 0.2
 
@@ -319,7 +321,9 @@ class ShardingService:
                 touched = ledger.take_touched()
                 rewrite_all = entry.rewrite_all
                 rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
-                if len(rows) <= MAX_LEASE_ROWS_PER_WRITE:
+                if self._store.max_writes_per_transaction is None or (
+                    len(rows) <= MAX_LEASE_ROWS_PER_WRITE
+                ):
                     head = ledger.head()
                     leases = {sid: ledger.lease_record(sid) for sid in rows}
                     entry.rewrite_all = False
