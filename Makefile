@@ -18,6 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/import_graph.py
 	$(BIN)/python -m pytest -q tests
 
 # Skips the slow end-to-end tests (CI still runs them through `make test`).

@@ -262,8 +262,8 @@ def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
     anchor = None
     if args.platform == "ray":
         # Node actors are created through an anchor this process holds: they outlive a
-        # master that dies, and end with this process (see master/platform/ray_platform.py).
-        from master.platform.ray_platform import start_job_anchor
+        # master that dies, and end with this process (see master/platform/ray/job_anchor.py).
+        from master.platform.ray.job_anchor import start_job_anchor
 
         ray_namespace = "dlrover-" + namespace.replace("/", "-")
         try:

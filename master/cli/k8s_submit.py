@@ -115,7 +115,7 @@ def submit_k8s(
         return 0
     try:
         if api_client is None:
-            from master.platform.kubernetes import default_api_client
+            from master.platform.k8s_api import default_api_client
 
             api_client = default_api_client()
         job = create_objects(objects, api_client)
@@ -194,7 +194,7 @@ def create_objects(objects: list[dict[str, Any]], api_client: Any) -> dict[str, 
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from master.platform.kubernetes import api_error_message
+    from master.platform.k8s_api import api_error_message
 
     calls = _api_calls(api_client)
     job_body = objects[-1]

@@ -12,14 +12,14 @@ from master.platform.api import PlatformError
 
 def run_master_actor(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
     """`submit --platform ray --master-actor`: the master runs in a detached Ray actor that Ray
-    restarts (master/platform/ray_platform.py, MasterActor); this command follows the job."""
+    restarts (master/platform/ray/master_actor.py); this command follows the job."""
     import os
     import time
 
     from master.cli.submit import default_run_dir, state_namespace
     from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
     from master.platform.local import free_port
-    from master.platform.ray_platform import MASTER_ACTOR_NAME, start_master_actor
+    from master.platform.ray.master_actor import MASTER_ACTOR_NAME, start_master_actor
 
     if args.platform != "ray" or not args.ray_address:
         print(

@@ -25,7 +25,7 @@ def _create(kind: str, host: str, options: dict[str, str]) -> Platform:
         lifeline = options.get("lifeline_fd")
         return LocalPlatform(host=host, lifeline_fd=int(lifeline) if lifeline else None)
     if kind == "ray":
-        from master.platform.ray_platform import RayPlatform
+        from master.platform.ray.platform import RayPlatform
 
         return RayPlatform(host=host, **options)
     if kind == "k8s":

@@ -1,24 +1,22 @@
 """Kubernetes platform: one pod per node incarnation, one headless service per rank.
 
-Pods and services are owned by the master's Job (deleting it deletes the job; a master pod
-that dies is replaced by the Job and the nodes stay), or by a bare master pod started without
-a Job. They are never restarted by Kubernetes (`restartPolicy: Never`: the master relaunches
-with a new id), and watched
-through one label-selected pod watch that resumes from its last resourceVersion after a
-dropped stream and relists when that resourceVersion has expired (410 Gone). Each incarnation
-produces exactly one NodeEvent, with the exit reason read from the pod's status.
+Pods and services (`k8s_job_objects`) are owned by the master's Job (deleting it deletes the
+job; a master pod that dies is replaced by the Job and the nodes stay), or by a bare master pod
+started without a Job. They are never restarted by Kubernetes (`restartPolicy: Never`: the
+master relaunches with a new id), and watched through one label-selected pod watch
+(`k8s_pod_watch`). Each incarnation produces exactly one NodeEvent, with the exit reason read
+from the pod's status (`k8s_pod_end`).
 
 A restarted master adopts the pods of the previous one: `handle` (kept in the state store) is
 the pod's name and uid, `adopt` registers the pod under its node id and reads it once, so a
 pod that ended, was deleted or was replaced by another of the same name while no master
 watched ends its incarnation like any exit (and the job relaunches it).
 
-The `kubernetes` client is imported only here, lazily (the master runs without it elsewhere).
+The `kubernetes` client is imported lazily (`k8s_api`): the master runs without it elsewhere.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -32,6 +30,10 @@ from typing import Any
 
 from master.client import ENV_JOB_TOKEN_FILE, ENV_MASTER_ADDR
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.platform.k8s_api import api_error_message, default_api_client, import_client
+from master.platform.k8s_job_objects import JobObjects
+from master.platform.k8s_pod_end import PodEnd, pod_end
+from master.platform.k8s_pod_watch import WATCH_TIMEOUT_SECONDS, PodWatch
 from master.platform.k8s_resources import (
     LABEL_ID,
     LABEL_JOB,
@@ -39,33 +41,18 @@ from master.platform.k8s_resources import (
     NODE_PORT,
     TOKEN_DIR,
     TOKEN_KEY,
-    K8sConfigError,
     K8sSettings,
-    dns_label,
     node_pod,
-    node_service,
     service_name,
-    token_secret,
 )
 
 log = logging.getLogger(__name__)
 
-WATCH_TIMEOUT_SECONDS = 240  # the server ends each watch after this; we resume at once
-WATCH_CONNECT_TIMEOUT_SECONDS = 10
-RETRY_MIN_SECONDS = 0.2
-RETRY_MAX_SECONDS = 10.0
 SHUTDOWN_MARGIN_SECONDS = 5.0  # beyond the grace period, for the kubelet to report the end
 FORCE_DELETE_WAIT_SECONDS = 3.0
 EVENTS_TIMEOUT_SECONDS = 5.0
-WATCH_STOP_SECONDS = 5.0
 MAX_EVENT_LINES = 3
 
-# A container waiting for one of these will not start without a change to the pod.
-FATAL_WAITING_REASONS = frozenset(
-    {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
-)
-# Pod status reasons for pods that the node, not the program, ended.
-NODE_ENDED_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"})
 # Variables the kubelet sets in the master's own pod; a node pod gets its own, not the master's.
 _POD_LOCAL_ENV = re.compile(
     r"^(HOSTNAME|HOME|KUBERNETES_\w*|DLROVER_K8S_\w*|\w+_SERVICE_(HOST|PORT\w*)"
@@ -73,94 +60,10 @@ _POD_LOCAL_ENV = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class PodEnd:
-    """How a pod's node ended, read from its status (exit_code < 0: killed by that signal)."""
-
-    exit_code: int
-    oom_killed: bool = False
-    message: str = ""
-    reason: str = ""  # OOMKilled, Evicted, NodeLost, Deleted, Error, Completed, ...
-    force_delete: bool = False  # the pod will never end by itself: delete it now
-
-
-def _container_state(status: Mapping[str, Any], state: str) -> dict[str, Any] | None:
-    for cs in status.get("containerStatuses") or []:
-        value = (cs.get("state") or {}).get(state)
-        if value:
-            return value
-    return None
-
-
-def _node_lost(status: Mapping[str, Any]) -> bool:
-    if status.get("reason") == "NodeLost":
-        return True
-    return any(
-        c.get("type") == "DisruptionTarget" and c.get("reason") == "DeletionByTaintManager"
-        for c in status.get("conditions") or []
-    )
-
-
-def pod_end(pod: Mapping[str, Any], deleted: bool = False, kill_signal: int = 0) -> PodEnd | None:
-    """The end of a node's pod from its status; None while it is pending or running.
-
-    `deleted`: the pod object is gone (its last state is `pod`). `kill_signal`: the master
-    asked for the pod's end with this signal (deleted with or without a grace period).
-    """
-    status = pod.get("status") or {}
-    phase = status.get("phase", "")
-    terminated = _container_state(status, "terminated")
-    if phase in ("Succeeded", "Failed"):
-        reason = status.get("reason", "")
-        if reason in NODE_ENDED_REASONS:
-            detail = status.get("message", "")
-            return PodEnd(
-                -signal.SIGKILL, message=f"{reason}: {detail}".rstrip(": "), reason=reason
-            )
-        if terminated is not None:
-            code = int(terminated.get("exitCode", 1))
-            why = terminated.get("reason", "")
-            message = terminated.get("message", "") or ""
-            if why == "OOMKilled":
-                message = message or "OOMKilled: the container went over its memory limit"
-                return PodEnd(code, oom_killed=True, message=message, reason=why)
-            return PodEnd(code, message=message, reason=why or phase)
-        if phase == "Succeeded":
-            return PodEnd(0, reason=phase)
-        detail = f"{reason}: {status.get('message', '')}".strip(": ")
-        return PodEnd(-signal.SIGKILL, message=detail or "pod failed", reason=reason or phase)
-    if deleted:
-        if terminated is not None:
-            code = int(terminated.get("exitCode", 1))
-            return PodEnd(code, message=terminated.get("message", "") or "", reason="Deleted")
-        if kill_signal:
-            return PodEnd(-kill_signal, message="pod deleted by the master", reason="Deleted")
-        return PodEnd(
-            -signal.SIGKILL,
-            message="pod deleted outside the master (kubectl, eviction, or its node was lost)",
-            reason="Deleted",
-        )
-    if (pod.get("metadata") or {}).get("deletionTimestamp") and _node_lost(status):
-        return PodEnd(
-            -signal.SIGKILL,
-            message="NodeLost: the pod's node stopped responding",
-            reason="NodeLost",
-            force_delete=True,
-        )
-    waiting = _container_state(status, "waiting")
-    if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
-        why = waiting["reason"]
-        return PodEnd(
-            1,
-            message=f"{why}: {waiting.get('message', '')}".rstrip(": "),
-            reason=why,
-            force_delete=True,
-        )
-    return None
-
-
 @dataclass
 class _PodRecord:
+    """One node incarnation's pod, from its create call (or adoption) until its end is reported."""
+
     spec: NodeLaunchSpec
     pod_name: str
     created_at: float | None = None  # monotonic; None while the create call is in flight
@@ -168,55 +71,6 @@ class _PodRecord:
     kill_signal: int = 0
     reported: bool = False
     last_pod: dict[str, Any] | None = None
-
-
-def _import_client() -> tuple[Any, Any]:
-    try:
-        from kubernetes import client, config
-    except ImportError:
-        raise K8sConfigError(
-            "the Kubernetes platform needs the `kubernetes` client: "
-            "pip install 'dlrover-elastic[k8s]' (the image installs it by default)"
-        ) from None
-    return client, config
-
-
-def default_api_client() -> Any:
-    """An ApiClient from the pod's service account, or from the kubeconfig outside a cluster."""
-    client, config = _import_client()
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            # KUBECONFIG is read now, not when the client was imported.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-        except (config.ConfigException, OSError) as e:
-            raise K8sConfigError(
-                "no Kubernetes credentials: not running in a pod with a service account, and "
-                f"no usable kubeconfig ({e}). Run the master in the cluster "
-                "(`dlrover submit --platform k8s`) or set KUBECONFIG"
-            ) from None
-    return client.ApiClient()
-
-
-def api_error_message(action: str, e: Exception, namespace: str) -> str:
-    """One clear line for a failed API call, with the fix for permission problems."""
-    status = getattr(e, "status", None)
-    detail = getattr(e, "reason", "") or str(e)
-    body = getattr(e, "body", None)
-    if body:
-        try:
-            detail = json.loads(body).get("message", detail)
-        except (ValueError, AttributeError):
-            pass
-    if status == 403:
-        return (
-            f"{action}: forbidden ({detail}). The master's service account needs the role in "
-            f"examples/k8s/rbac.yaml in namespace {namespace!r}; "
-            "`dlrover submit --platform k8s` creates it"
-        )
-    return f"{action}: {status or 'error'} {detail}".strip()
 
 
 class KubernetesPlatform(Platform):
@@ -231,32 +85,38 @@ class KubernetesPlatform(Platform):
         **options: Any,
     ) -> None:
         super().__init__()
-        client, _ = _import_client()
+        client, _ = import_client()
         self.settings = settings or K8sSettings.from_env(os.environ, **options)
         self.host = host  # the master's advertised host; rewritten to its service for nodes
-        self.watch_timeout_seconds = watch_timeout_seconds
         self._api = api_client if api_client is not None else default_api_client()
         self._core = client.CoreV1Api(self._api)
         self._selector = f"{LABEL_JOB}={self.settings.job_name},{LABEL_ROLE}=node"
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
         self._records: dict[int, _PodRecord] = {}
-        self._services: set[str] = set()
-        self._secret: str = ""
         self._closed = False
-        self._stopping = threading.Event()
-        self._watch: Any = None
-        self._resource_version: str | None = None
-        self.relists = 0  # how often the pod list was read (first sync + after each 410)
         self._owner_uid = self.settings.owner_uid_in_use
-        self._adopted_secret = ""
+        self._objects = JobObjects(self._core, self.settings, self._owner_uid)
         if not self._owner_uid:
             log.warning(
                 "no owner (master Job or pod): pods will not be owned and outlive the job "
                 "(run the master through `dlrover submit --platform k8s`)"
             )
-        self._watcher = threading.Thread(target=self._watch_loop, name="k8s-watch", daemon=True)
-        self._watcher.start()
+        self._pod_watch = PodWatch(
+            self._api,
+            self._core,
+            self.settings.namespace,
+            self._selector,
+            on_pod=self._observe,
+            on_list=self._on_list,
+            timeout_seconds=watch_timeout_seconds,
+        )
+        self._pod_watch.start()
+
+    @property
+    def relists(self) -> int:
+        """How often the pod list was read (first sync + after each 410)."""
+        return self._pod_watch.relists
 
     # -- Platform ----------------------------------------------------------------------
 
@@ -268,8 +128,8 @@ class KubernetesPlatform(Platform):
         if self._closed:
             raise RuntimeError("the Kubernetes platform is shut down")
         env = self._node_env(spec.env)
-        self._ensure_service(spec.type, spec.rank)
-        body = node_pod(self.settings, spec, env, token_secret=self._secret)
+        self._objects.ensure_service(spec.type, spec.rank)
+        body = node_pod(self.settings, spec, env, token_secret=self._objects.secret)
         name = body["metadata"]["name"]
         record = _PodRecord(spec=spec, pod_name=name)
         with self._lock:
@@ -331,12 +191,7 @@ class KubernetesPlatform(Platform):
                 r, PodEnd(-signal.SIGKILL, message="force-deleted at shutdown", reason="Deleted")
             )
         self._stop_watch()
-        for name in sorted(self._services):
-            self._delete_quietly(self._core.delete_namespaced_service, name)
-        if self._secret or self._adopted_secret:
-            self._delete_quietly(
-                self._core.delete_namespaced_secret, self._secret or self._adopted_secret
-            )
+        self._objects.delete_all()
         close = getattr(self._api, "close", None)
         if callable(close):
             close()
@@ -374,8 +229,7 @@ class KubernetesPlatform(Platform):
         record = _PodRecord(spec=spec, pod_name=name, created_at=0.0, uid=uid)
         with self._lock:
             self._records[spec.id] = record
-            self._services.add(service_name(self.settings.job_name, spec.type, spec.rank))
-        self._adopted_secret = dns_label(self.settings.job_name, "token")
+            self._objects.adopt(service_name(self.settings.job_name, spec.type, spec.rank))
         selector = f"{self._selector},{LABEL_ID}={spec.id}"
         try:
             pods = self._core.list_namespaced_pod(self._ns, label_selector=selector)
@@ -435,63 +289,9 @@ class KubernetesPlatform(Platform):
             out[ENV_MASTER_ADDR] = f"{master_host}:{port}"
         token_path = out.get(ENV_JOB_TOKEN_FILE, "")
         if token_path:
-            self._ensure_secret(token_path)
+            self._objects.ensure_secret(token_path)
             out[ENV_JOB_TOKEN_FILE] = f"{TOKEN_DIR}/{TOKEN_KEY}"
         return out
-
-    def _ensure_secret(self, token_path: str) -> None:
-        if self._secret:
-            return
-        try:
-            with open(token_path, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise RuntimeError(f"cannot read the job token file {token_path!r}: {e}") from None
-        body = token_secret(self.settings, token)
-        self._create_owned(
-            body,
-            self._core.create_namespaced_secret,
-            self._core.read_namespaced_secret,
-            self._core.delete_namespaced_secret,
-        )
-        self._secret = body["metadata"]["name"]
-
-    def _ensure_service(self, node_type: str, rank: int) -> None:
-        body = node_service(self.settings, node_type, rank)
-        name = body["metadata"]["name"]
-        if name in self._services:
-            return
-        self._create_owned(
-            body,
-            self._core.create_namespaced_service,
-            self._core.read_namespaced_service,
-            self._core.delete_namespaced_service,
-        )
-        self._services.add(name)
-
-    def _create_owned(self, body: dict[str, Any], create, read, delete) -> None:
-        """Create an object; one left over from an earlier master of this job is replaced."""
-        from kubernetes.client.exceptions import ApiException
-
-        name, kind = body["metadata"]["name"], body["kind"].lower()
-        try:
-            create(self._ns, body)
-            return
-        except ApiException as e:
-            if e.status != 409:
-                raise RuntimeError(
-                    api_error_message(f"create {kind} {name}", e, self._ns)
-                ) from None
-        try:
-            existing = read(name, self._ns)
-            owners = {o.uid for o in existing.metadata.owner_references or []}
-            if self._owner_uid in owners or not self._owner_uid:
-                return
-            log.info("replacing %s %s left over from an earlier master", kind, name)
-            delete(name, self._ns)
-            create(self._ns, body)
-        except ApiException as e:
-            raise RuntimeError(api_error_message(f"replace {kind} {name}", e, self._ns)) from None
 
     def _delete_pod(self, name: str, grace: int | None) -> bool:
         from kubernetes.client.exceptions import ApiException
@@ -510,55 +310,13 @@ class KubernetesPlatform(Platform):
             log.warning("delete pod %s: %s", name, e)
             return False
 
-    def _delete_quietly(self, delete, name: str) -> None:
-        try:
-            delete(name, self._ns)
-        except Exception as e:
-            if getattr(e, "status", None) != 404:
-                log.warning("delete %s: %s", name, e)
-
     # -- events ----------------------------------------------------------------------------
 
-    def _watch_loop(self) -> None:
-        """List, then watch from the list's resourceVersion; resume or relist on failures."""
-        from kubernetes.client.exceptions import ApiException
-
-        delay = RETRY_MIN_SECONDS
-        while not self._stopping.is_set():
-            try:
-                if self._resource_version is None:
-                    self._resource_version = self._relist()
-                self._watch_once()
-                delay = RETRY_MIN_SECONDS
-                continue  # the server ended the stream (timeout or dropped): resume
-            except ApiException as e:
-                if e.status == 410:
-                    log.info(
-                        "pod watch: resourceVersion %s expired; relisting", self._resource_version
-                    )
-                    self._resource_version = None
-                    continue
-                if self._stopping.is_set():
-                    return
-                log.warning(
-                    "pod watch: %s; retrying in %.1fs",
-                    api_error_message("watch pods", e, self._ns),
-                    delay,
-                )
-            except Exception as e:  # a cut connection, a read timeout, a refused connect
-                if self._stopping.is_set():
-                    return
-                log.warning("pod watch interrupted (%s); resuming in %.1fs", e, delay)
-            self._stopping.wait(delay)
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
-
-    def _relist(self) -> str:
-        started = time.monotonic()
-        pods = self._core.list_namespaced_pod(self._ns, label_selector=self._selector)
-        data = self._api.sanitize_for_serialization(pods)
-        self.relists += 1
+    def _on_list(self, pods: list[dict[str, Any]], started: float) -> None:
+        """Observe every listed pod; an incarnation whose pod is missing from a list read
+        after it was created was deleted while the watch was down."""
         seen = set()
-        for pod in data.get("items") or []:
+        for pod in pods:
             seen.add(pod["metadata"]["name"])
             self._observe(pod)
         with self._lock:
@@ -573,35 +331,6 @@ class KubernetesPlatform(Platform):
         for r in gone:  # deleted while we were not watching
             end = pod_end(r.last_pod or {}, deleted=True, kill_signal=r.kill_signal)
             self._finish(r, end)
-        return data["metadata"]["resourceVersion"]
-
-    def _watch_once(self) -> None:
-        from kubernetes import watch
-
-        w = watch.Watch()
-        self._watch = w
-        if self._stopping.is_set():
-            return
-        stream = w.stream(
-            self._core.list_namespaced_pod,
-            self._ns,
-            label_selector=self._selector,
-            resource_version=self._resource_version,
-            timeout_seconds=self.watch_timeout_seconds,
-            allow_watch_bookmarks=True,
-            _request_timeout=(WATCH_CONNECT_TIMEOUT_SECONDS, self.watch_timeout_seconds + 30),
-        )
-        for event in stream:
-            obj = event["raw_object"]
-            if event["type"] in ("ADDED", "MODIFIED"):
-                self._observe(obj)
-            elif event["type"] == "DELETED":
-                self._observe(obj, deleted=True)
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self._resource_version = rv
-            if self._stopping.is_set():
-                w.stop()
 
     def _observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
         meta = pod.get("metadata") or {}
@@ -678,17 +407,8 @@ class KubernetesPlatform(Platform):
                 self._ended.wait(remaining)
 
     def _stop_watch(self) -> None:
-        """End the watch thread. Watch.stop() only cuts a stream whose response has arrived
-        (and a stream starting later resets it), so keep calling it until the thread ends."""
-        self._stopping.set()
-        deadline = time.monotonic() + WATCH_STOP_SECONDS
-        while self._watcher.is_alive() and time.monotonic() < deadline:
-            w = self._watch
-            if w is not None:
-                w.stop()
-            self._watcher.join(timeout=0.05)
-        if self._watcher.is_alive():
-            log.warning("the pod watch did not stop within %.0fs", WATCH_STOP_SECONDS)
+        """End the pod watch thread: no pod change is observed after it."""
+        self._pod_watch.stop()
 
     # -- introspection (tests, status) -------------------------------------------------------
 

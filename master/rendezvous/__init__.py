@@ -1,0 +1,1 @@
+"""Torch rendezvous rounds: the pure round state machine, and the durable blocking service."""

@@ -1,0 +1,1 @@
+"""The master's durable state: the store interface, SQLite and etcd stores, the job's record."""

@@ -16,12 +16,8 @@ import psutil
 import pytest
 
 from master.platform.api import NodeEvent, NodeLaunchSpec
-from master.platform.ray_platform import (
-    AUTH_MODE_ENV,
-    LOOPBACK_ENV,
-    RayPlatform,
-    start_local_cluster,
-)
+from master.platform.ray.connect import AUTH_MODE_ENV, LOOPBACK_ENV, start_local_cluster
+from master.platform.ray.platform import RayPlatform
 from tests.integration.test_local_job import (
     DLROVER,
     HERE,

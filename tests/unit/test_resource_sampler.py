@@ -2,7 +2,7 @@
 
 import time
 
-from master.client import ResourceSampler, _gpu_stats
+from master.client.resources import ResourceSampler, _gpu_stats
 
 
 def test_cpu_and_memory_of_a_busy_process_are_measured():

@@ -1,288 +1,24 @@
-"""TF2 `ParameterServerStrategy` (Keras) under the dlrover master.
-
-In TF2 PS training one process, the coordinator (the chief in TF_CONFIG), runs the Python
-program and schedules steps onto workers and PS that are plain `tf.distribute.Server`s. A
-Python generator cannot run on a remote worker, so the coordinator owns the shard bookkeeping:
-`ShardFeeder` takes shards from the master and cuts them into batches of record indices; each
-step gets its batch as a tensor argument and builds the features from the indices on the
-worker; the batch's records are reported consumed when that step's result resolves.
-
-- `connect()`: on a worker or PS, serve until the coordinator is done (never returns); on the
-  chief, return the strategy.
-- `Coordinator.run(step_fn)`: the exact loop. A worker that dies has its steps retried on the
-  others by `ClusterCoordinator` with the same indices, so at most the batch it had in flight
-  is trained twice.
-- `Coordinator.fit(model, read_fn, ...)`: `model.fit` on the same bookkeeping (see its doc).
-- PS loss: TF2 cannot rebuild the lost variables under a running coordinator; the master
-  restarts the coordinator (budget-free), which restores the latest checkpoint and tells the
-  master its step, so the data goes back to exactly that position.
-"""
+"""Coordinator: runs the steps of TF2 PS training on the workers (an exact loop, or Keras
+`fit`), checkpoints at step boundaries, and keeps the master's data position in step."""
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import numpy as np
 
-from master.client import (
-    COORDINATOR_KEY,
-    KVClient,
-    MasterClient,
-    MasterError,
-    ProgressStream,
-)
-from master.pb import data_pb2
+from dlrover_tf.keras_ps.feeder import SHARD_WAIT_MS, Batch, ShardFeeder
+from dlrover_tf.keras_ps.servers import DONE_KEY, exit_process
+from master.client import COORDINATOR_KEY, KVClient
 
 log = logging.getLogger(__name__)
 
-# Set by the coordinator when training is over: worker servers exit 0 when they see it.
-DONE_KEY = b"dlrover/tf/coordinator/done"
-# How long one blocking shard request may wait on the master before asking again.
-SHARD_WAIT_MS = 5_000
 # After a PS loss the coordinator waits this long for the master to restart it, then fails.
 PS_LOSS_WAIT_SECONDS = 120.0
-# A worker server re-asks the master whether training is over this often.
-DONE_POLL_SECONDS = 10.0
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-# -- servers -----------------------------------------------------------------------------
-
-
-def tf_config(env: dict[str, str] | None = None) -> tuple[dict[str, list[str]], str, int]:
-    """(cluster, task type, task index) from TF_CONFIG; a clear error when it is unusable."""
-    raw = (env if env is not None else os.environ).get("TF_CONFIG", "")
-    try:
-        config = json.loads(raw)
-        cluster = {str(k): list(v) for k, v in config["cluster"].items()}
-        task = config["task"]
-        return cluster, str(task["type"]), int(task.get("index", 0))
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(
-            f"TF_CONFIG must be JSON with 'cluster' and 'task' ({{'type', 'index'}}); the "
-            f"dlrover master sets it for every node (got {raw[:200]!r}: {err})"
-        ) from None
-
-
-def serve(cluster: dict[str, list[str]], task_type: str, index: int) -> NoReturn:
-    """Run this node's TF server until the coordinator says training is done (exit 0) or
-    SIGTERM/SIGINT arrives (exit 0). A PS or worker of TF2 PS training runs nothing else."""
-    # Blocked before TF starts threads, so only sigwait() below receives them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    import tensorflow as tf
-
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster),
-        job_name=task_type,
-        task_index=index,
-        protocol="grpc",
-        start=True,
-    )
-    log.info("%s %d serving at %s", task_type, index, cluster[task_type][index])
-    if "DLROVER_MASTER_ADDR" in os.environ:
-        threading.Thread(target=_exit_when_done, name="dlrover-done", daemon=True).start()
-    received = signal.sigwait(_STOP_SIGNALS)
-    log.info("%s %d stopping on %s", task_type, index, signal.Signals(received).name)
-    del server
-    _leave(0)
-
-
-def _exit_when_done() -> None:
-    kv = KVClient(MasterClient.from_env())
-    while True:
-        try:
-            if kv.wait([DONE_KEY], DONE_POLL_SECONDS):
-                log.info("the coordinator finished training; exiting")
-                _leave(0)
-        except MasterError as e:
-            log.warning("asking the master whether training is done: %s", e)
-            time.sleep(1.0)
-
-
-def exit_process(code: int = 0) -> NoReturn:
-    """End this process at once (after flushing logs). A coordinator's interpreter teardown
-    can hang in ClusterCoordinator's destructor when a worker went away; use this to exit."""
-    _leave(code)
-
-
-def _leave(code: int) -> NoReturn:
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A TF gRPC server cannot be stopped, and interpreter teardown with it running can hang.
-    os._exit(code)
-
-
-def connect(env: dict[str, str] | None = None) -> Any:
-    """The strategy on the coordinator (chief); on a worker or PS, serve and never return."""
-    cluster, task_type, index = tf_config(env)
-    if task_type in ("worker", "ps"):
-        serve(cluster, task_type, index)
-    if task_type != "chief":
-        raise ValueError(
-            f"TF_CONFIG task type {task_type!r}: TF2 PS training runs its program on the "
-            "'chief' (the coordinator); give the evaluator group 0 replicas"
-        )
-    import tensorflow as tf
-
-    workers = dict(enumerate(cluster.get("worker", [])))
-    if (env if env is not None else os.environ).get("DLROVER_MASTER_ADDR"):
-        # TF_CONFIG lists every worker slot the job may scale to; the coordinator connects
-        # to each worker it lists at start, so it takes only those the master runs.
-        client = MasterClient.from_env(env)
-        try:
-            if KVClient(client).check([DONE_KEY]):
-                log.info("training is already done (a coordinator restarted after the end)")
-                _leave(0)
-            ranks = _live_worker_ranks(client)
-        finally:
-            client.close()
-        if not ranks:
-            raise ValueError(
-                "the master runs no worker for this coordinator: give the 'worker' group at "
-                "least one replica in the job YAML"
-            )
-        workers = {rank: addr for rank, addr in workers.items() if rank in ranks}
-    spec = {k: v for k, v in cluster.items() if k != "worker"} | {"worker": workers}
-    log.info("coordinator: %d ps, workers %s", len(spec.get("ps", [])), sorted(workers))
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=index, rpc_layer="grpc"
-    )
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
-
-
-def _live_worker_ranks(client: MasterClient) -> set[int]:
-    status = client.job_status()
-    return {
-        n.rank for n in status.nodes if n.type == "worker" and n.status in ("pending", "running")
-    }
-
-
-# -- shard bookkeeping on the coordinator -------------------------------------------------
-
-
-@dataclass
-class Batch:
-    """One step's record indices and where they came from: (shard_id, start, end) ranges."""
-
-    id: int
-    indices: np.ndarray
-    segments: list[tuple[int, int, int]]
-
-
-@dataclass
-class _Shard:
-    indices: np.ndarray
-    cut: int = 0  # records already put into batches
-    reported: int = 0  # records reported consumed (a prefix: the master counts prefixes)
-    done: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-
-
-class ShardFeeder:
-    """Batches of record indices cut from the master's shards, and exact progress reports.
-
-    `next_batch()` hands out a batch; `done(batch)` marks it trained once its step's result
-    resolved; `again(batch)` hands it out again (a step that never ran). The master counts
-    consumed records as a prefix of each shard, so records done after an unresolved one are
-    reported once the gap is filled. Thread-safe.
-    """
-
-    def __init__(self, dataset: Any) -> None:  # a dlrover_tf.ShardedDataset
-        self.dataset = dataset
-        self.name: str = dataset.name
-        self.batch_size: int = dataset.batch_size
-        self._client: MasterClient = dataset.client
-        self._progress = ProgressStream(self._client)
-        self._lock = threading.Lock()
-        self._shards: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
-        self._again: collections.deque[Batch] = collections.deque()
-        self._next_id = 0
-        self.ended = False
-        self.records_done = 0
-        # Whatever an earlier incarnation held goes back (the master also frees it on exit).
-        self._client.return_shards(self.name)
-
-    def next_batch(self, wait_ms: int = SHARD_WAIT_MS) -> Batch | None:
-        """The next batch, or None: none now (in-flight steps may end the data) or `ended`."""
-        with self._lock:
-            if self._again:
-                return self._again.popleft()
-        parts: list[tuple[int, int, int]] = []
-        have = 0
-        while have < self.batch_size:
-            with self._lock:
-                shard_id, shard = self._open_shard()
-            if shard is None:
-                reply = self._client.get_shard(self.name, wait_ms=0 if have else wait_ms)
-                if reply.status == data_pb2.GetShardReply.SHARD:
-                    indices = np.frombuffer(reply.shard.record_indices, dtype="<i8")
-                    with self._lock:
-                        self._shards[reply.shard.shard_id] = _Shard(
-                            indices.astype(np.int64), done=np.zeros(len(indices), bool)
-                        )
-                    continue
-                if reply.status == data_pb2.GetShardReply.END and not have:
-                    self.ended = True
-                break  # a short batch goes out rather than waiting on others' shards
-            take = min(self.batch_size - have, len(shard.indices) - shard.cut)
-            parts.append((shard_id, shard.cut, shard.cut + take))
-            shard.cut += take
-            have += take
-        if not parts:
-            return None
-        with self._lock:
-            self._next_id += 1
-            indices = np.concatenate([self._shards[s].indices[a:b] for s, a, b in parts])
-            return Batch(self._next_id, indices, parts)
-
-    def _open_shard(self) -> tuple[int, _Shard | None]:
-        for shard_id, shard in self._shards.items():
-            if shard.cut < len(shard.indices):
-                return shard_id, shard
-        return -1, None
-
-    def done(self, batch: Batch, global_step: int = 0, loss: float | None = None) -> None:
-        """The step that trained `batch` resolved: report what it completes."""
-        reports = []
-        with self._lock:
-            for shard_id, start, end in batch.segments:
-                shard = self._shards.get(shard_id)
-                if shard is None:
-                    continue
-                shard.done[start:end] = True
-                prefix = shard.reported
-                while prefix < len(shard.done) and shard.done[prefix]:
-                    prefix += 1
-                if prefix > shard.reported:
-                    self.records_done += prefix - shard.reported
-                    shard.reported = prefix
-                    reports.append((shard_id, prefix))
-                if prefix == len(shard.indices):
-                    del self._shards[shard_id]
-        if reports:
-            self._progress.send(self.name, reports, global_step, loss)
-
-    def again(self, batch: Batch) -> None:
-        """Hand `batch` out again before anything new (its step did not run to the end)."""
-        with self._lock:
-            self._again.append(batch)
-
-    def flush(self) -> None:
-        """Wait until the master has applied every report sent so far."""
-        self._progress.close()
-
-
-# -- the coordinator ----------------------------------------------------------------------
 
 
 def _is_ps_loss(err: BaseException) -> bool:
@@ -419,7 +155,7 @@ class Coordinator:
         )
         time.sleep(PS_LOSS_WAIT_SECONDS)
         log.error("the master did not restart the coordinator after %.0f s", PS_LOSS_WAIT_SECONDS)
-        _leave(1)
+        exit_process(1)
 
     def fit(
         self,
@@ -598,14 +334,3 @@ def _scalar(result: Any) -> float | None:
         if arr.size == 1 and arr.dtype.kind == "f":
             return float(arr.reshape(()))
     return None
-
-
-__all__: Sequence[str] = (
-    "Batch",
-    "Coordinator",
-    "ShardFeeder",
-    "connect",
-    "exit_process",
-    "serve",
-    "tf_config",
-)

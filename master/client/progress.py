@@ -1,0 +1,160 @@
+"""ProgressStream: a node's per-step progress reports on one long-lived stream to the master."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+import grpc
+
+from master.client.master import RETRYABLE_CODES, MasterClient
+from master.pb import data_pb2
+
+log = logging.getLogger(__name__)
+
+REOPEN_DELAY_SECONDS = 0.2  # before a stream the master ended is reopened
+
+
+class ProgressStream:
+    """Per-step progress reports on one long-lived stream, without a round trip per step.
+
+    send() returns at once, but first waits (rarely: a send takes ~0.2 ms, a step much
+    longer) until the previous report is written to the connection. A report written to
+    the socket reaches the master even if this process is killed right after, and the
+    master drains a dead node's stream before re-queueing its shards: so after a crash
+    only the batch of the step in flight can be ambiguous. A stream the master ends (it died)
+    is reopened at once, not at the next report: a node that takes no step meanwhile (paused,
+    or waiting for data) still gives a restarted master the progress the old one had not
+    stored yet.
+    """
+
+    _END = object()
+
+    def __init__(self, client: MasterClient, send_timeout: float = 10.0) -> None:
+        self._client = client
+        self._send_timeout = send_timeout
+        self._cond = threading.Condition()
+        self._queue: queue.SimpleQueue | None = None
+        self._future: grpc.Future | None = None
+        self._enqueued = 0
+        self._sent = 0
+        self._flowing = False  # a message went out on the current stream
+        # Latest cumulative progress per dataset and shard, re-sent on a new stream: the
+        # master may have restarted and lost the tail of what the old stream carried.
+        self._progress: dict[str, dict[int, int]] = {}
+        self._global_step = 0
+        self._open_lock = threading.RLock()
+        self._closing = False
+
+    def _messages(self, q: queue.SimpleQueue) -> Iterator[data_pb2.ReportProgressRequest]:
+        while True:
+            item = q.get()
+            if item is self._END:
+                return
+            yield item
+            # gRPC asks for the next message only once the previous one was sent.
+            with self._cond:
+                self._sent += 1
+                self._flowing = True
+                self._cond.notify_all()
+
+    def _open(self) -> None:
+        if self._future is not None:
+            try:
+                self._future.result(timeout=0)
+            except grpc.RpcError as e:
+                log.warning("progress stream ended (%s: %s); reopening", e.code().name, e.details())
+        self._queue = queue.SimpleQueue()
+        with self._cond:
+            self._enqueued = self._sent = 0
+            self._flowing = False
+        # wait_for_ready: a stream opened while the master restarts starts once it is back.
+        self._future = self._client._stub.StreamProgress.future(
+            self._messages(self._queue), metadata=self._client._metadata, wait_for_ready=True
+        )
+        self._future.add_done_callback(self._ended)
+        for dataset, shards in self._progress.items():
+            # Progress is cumulative, so the latest report of a shard stands for every earlier
+            # one; shards the master already saw end are skipped by it as stale.
+            self._put(
+                self._client._progress_request(dataset, sorted(shards.items()), self._global_step)
+            )
+
+    def _ended(self, future: grpc.Future) -> None:
+        """The stream ended; unless this side closed it, reopen it now (in a thread of its
+        own: this runs in gRPC's) to re-send the progress the master may have lost."""
+        if self._closing or future.cancelled() or not self._progress:
+            return
+        error = future.exception()
+        if not isinstance(error, grpc.RpcError) or error.code() not in RETRYABLE_CODES:
+            return  # not the master going away: the next send() reports what is wrong
+        threading.Thread(
+            target=self._reopen, args=(future,), name="dlrover-progress-reopen", daemon=True
+        ).start()
+
+    def _reopen(self, ended: grpc.Future) -> None:
+        time.sleep(REOPEN_DELAY_SECONDS * (0.5 + random.random()))  # a master refusing at once
+        with self._open_lock:
+            if self._closing or self._future is not ended:
+                return  # closed, or send() has reopened it already
+            try:
+                self._open()
+            except Exception as e:  # the next send() tries again
+                log.warning("reopening the progress stream: %s", e)
+
+    def _put(self, request: data_pb2.ReportProgressRequest) -> None:
+        with self._cond:
+            self._enqueued += 1
+        self._queue.put(request)
+
+    def send(
+        self,
+        dataset: str,
+        reports: Iterable[tuple[int, int]],
+        global_step: int = 0,
+        loss: float | None = None,
+    ) -> None:
+        """Queue one step's report (and its loss, if given) once the previous one is on the wire."""
+        with self._open_lock:
+            self._closing = False
+            if self._future is None or self._future.done():
+                self._open()
+        self._wait_sent()
+        reports = list(reports)
+        self._progress.setdefault(dataset, {}).update(reports)
+        self._global_step = max(self._global_step, global_step)
+        self._put(self._client._progress_request(dataset, reports, global_step, loss))
+        if not self._flowing:
+            # A new stream (first use, or the master restarting) may not be connected yet:
+            # keep the one-batch bound by waiting for this report itself to go out.
+            self._wait_sent()
+
+    def _wait_sent(self) -> None:
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: self._sent >= self._enqueued or self._future.done(), self._send_timeout
+            ):
+                log.warning(
+                    "a progress report is not sent after %ss; is the master reachable?",
+                    self._send_timeout,
+                )
+
+    def close(self, timeout: float = 30.0) -> data_pb2.ReportProgressReply | None:
+        """Flush: end the stream and wait until the master has applied every report."""
+        with self._open_lock:
+            self._closing = True
+        if self._future is None:
+            return None
+        self._queue.put(self._END)
+        try:
+            reply = self._future.result(timeout=timeout)
+            self._progress.clear()  # applied: nothing to send again on the next stream
+            return reply
+        except grpc.RpcError as e:
+            raise self._client._translate(e) from None
+        finally:
+            self._future = None

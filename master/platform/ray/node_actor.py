@@ -1,0 +1,87 @@
+"""The Ray actor of one node incarnation: runs the node's command where the actor runs.
+
+Loaded by Ray workers by name; it imports no `ray` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from master.platform.api import NodeLaunchSpec
+from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
+from master.platform.local import kill_process_group, read_tail, spawn_logged
+
+
+def node_actor_name(node_id: int) -> str:
+    """The name of a node actor created through a job anchor (found again by a new master)."""
+    return f"node-{node_id}"
+
+
+class NodeActor:
+    """One node incarnation: its command in a fresh process group, run where the actor runs.
+
+    The log goes to `spec.log_path` on the Ray node that hosts the actor. On a single machine
+    that is the master's run dir; on a multi-host cluster the path must be on storage shared
+    by the Ray nodes, or the log stays local to the Ray node that ran the incarnation.
+    """
+
+    def __init__(self, spec: NodeLaunchSpec, ray_node: str) -> None:
+        self.spec = spec
+        self._proc: subprocess.Popen | None = None
+        self._error = ""
+        # The actor keeps the write end for its whole life: when its process goes, the guard's
+        # sentinel sees end-of-file and kills the node's process group.
+        read_fd, self._lifeline = os.pipe()
+        env = {**ray_node_env(), **spec.env}
+        guard = [sys.executable, "-m", GUARD_MODULE, str(read_fd), "--"]
+        try:
+            self._proc = spawn_logged(
+                spec,
+                guard + list(spec.command),
+                env,
+                f" on Ray node {ray_node} (actor pid {os.getpid()})",
+                pass_fds=(read_fd,),
+            )
+        except OSError as e:
+            self._error = f"cannot start {spec.type}-{spec.rank} id={spec.id}: {e}"
+        finally:
+            os.close(read_fd)
+
+    def wait(self) -> tuple[int, str]:
+        """Block until the command ends: its exit code, and its log tail if it failed."""
+        if self._proc is None:
+            return EXIT_CANNOT_RUN, self._error
+        code = self._proc.wait()
+        # Anything the node left behind in its group goes with it.
+        kill_process_group(self._proc.pid, signal.SIGKILL)
+        return code, read_tail(self.spec.log_path) if code != 0 else ""
+
+    def signal(self, sig: int) -> bool:
+        """Signal the node's whole process group; False if it has ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        return kill_process_group(self._proc.pid, sig)
+
+
+def ray_node_env() -> dict[str, str]:
+    """The environment this Ray node gives its workers, without Ray's own additions.
+
+    A node starts from it (PATH, HOME and the like of the machine it runs on) plus the job's
+    env, as a pod starts from its image's. Dropped: Ray's plumbing (RAY_*, SPT_NOENV) and
+    what the Ray worker set for itself after it started (OMP_NUM_THREADS=1 for fractional
+    CPUs, PYTHONBREAKPOINT), which would throttle or redirect the node's own code.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    except OSError:
+        env = {}
+    if not env:  # not Linux: the worker's current env is the best there is
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONBREAKPOINT")
+        }
+    return {k: v for k, v in env.items() if not k.startswith("RAY_") and k != "SPT_NOENV"}

@@ -1,0 +1,365 @@
+"""The Ray platform in the master: launches node actors, signals them, adopts them after a
+restart, and turns their ends into `NodeEvent`s (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
+from master.platform.ray.job_anchor import ANCHOR_NAME
+from master.platform.ray.node_actor import NodeActor, node_actor_name
+from master.platform.ray.placement import NodePlacement, RayNode
+
+log = logging.getLogger(__name__)
+
+# A node that asks for no CPU still takes a sliver of one, so many fit on a small cluster.
+MIN_NODE_CPU = 0.01
+MIB = 1024 * 1024
+# One ray.wait blocks this long before the watcher picks up newly launched nodes.
+WATCH_TICK_SECONDS = 0.2
+# How long a signal to a node may wait for its actor (it may still be starting).
+SIGNAL_TIMEOUT_SECONDS = 10.0
+# After SIGKILL, how long to wait for a process to be reaped before giving up on it.
+KILL_WAIT_SECONDS = 5.0
+# wait() occupies one actor thread for the node's lifetime; signal() needs another.
+ACTOR_MAX_CONCURRENCY = 4
+
+
+@dataclass
+class _Running:
+    """A launched node incarnation: its actor and the pending result of its wait()."""
+
+    spec: NodeLaunchSpec
+    node: RayNode
+    actor: Any
+    ref: Any
+    actor_name: str = ""  # named actors (through the job anchor): found again by name
+
+
+class RayPlatform(Platform):
+    """Runs nodes as Ray actors, each pinned to one Ray node per (type, rank).
+
+    With no address it starts a local cluster on loopback (and shuts it down at the end);
+    with an address it connects to that cluster; if this process is already connected to
+    Ray it uses that connection. `host` is the address the master advertises to nodes: on a
+    multi-host cluster it must not be loopback.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", address: str = "", namespace: str = "") -> None:
+        super().__init__()
+        self.host = host
+        self.address = address
+        self.namespace = namespace  # the run's Ray namespace, where its job anchor is
+        already = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        ray_host = address.rsplit(":", 1)[0] if address else "127.0.0.1"
+        self._ray = ray = import_ray(loopback=not already and is_loopback(ray_host))
+        self._owns_connection = not already
+        if already:
+            log.info("using this process's existing Ray connection")
+        elif address:
+            join_cluster(ray, address)
+        else:
+            start_local_cluster()
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._RayError, self._RayActorError = RayError, RayActorError
+        self._GetTimeoutError = GetTimeoutError
+        self._affinity = NodeAffinitySchedulingStrategy
+        self._actor_class = ray.remote(NodeActor)
+        self._placement = NodePlacement(
+            ray, host, ray.get_runtime_context().get_node_id(), NodeAffinitySchedulingStrategy
+        )
+        self._anchor: Any = None
+        if namespace:
+            try:
+                self._anchor = ray.get_actor(ANCHOR_NAME, namespace=namespace)
+            except ValueError:
+                raise PlatformError(
+                    f"no job anchor in Ray namespace {namespace!r}: the `dlrover submit` that "
+                    "supervises this master is gone (or --ray-namespace is wrong)"
+                ) from None
+
+        self._lock = threading.Lock()  # guards _running and _placement
+        self._running: dict[int, _Running] = {}
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop_watch = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ray-watcher", daemon=True)
+        self._watcher.start()
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    def address_for(self, node_type: str, rank: int) -> str:
+        with self._lock:
+            return self._placement.slot(node_type, rank, check_alive=True).address
+
+    # -- launching and signalling -----------------------------------------------------------
+
+    def launch(self, spec: NodeLaunchSpec) -> None:
+        if self._closed:
+            raise RuntimeError("the Ray platform is shut down")
+        with self._lock:
+            node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
+        options: dict[str, Any] = {
+            "num_cpus": spec.cpu if spec.cpu > 0 else MIN_NODE_CPU,
+            "scheduling_strategy": self._affinity(node.node_id, soft=False),
+            "max_restarts": 0,
+            "max_concurrency": ACTOR_MAX_CONCURRENCY,
+        }
+        if spec.memory_mb > 0:
+            options["memory"] = spec.memory_mb * MIB
+        name = ""
+        if self._anchor is not None:
+            del options["scheduling_strategy"]
+            options["node_id"] = node.node_id
+            actor = self._ray.get(self._anchor.launch.remote(spec, node.ip, options), timeout=120)
+            name = node_actor_name(spec.id)
+        else:
+            actor = self._actor_class.options(**options).remote(spec, node.ip)
+        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote(), actor_name=name)
+        with self._lock:
+            self._running[spec.id] = run
+        self._wake.set()
+        log.info(
+            "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
+        )
+
+    def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+        with self._lock:
+            run = self._running.get(node_id)
+        return run is not None and self._signal(run, sig)
+
+    def _signal(self, run: _Running, sig: int) -> bool:
+        try:
+            return bool(
+                self._ray.get(run.actor.signal.remote(int(sig)), timeout=SIGNAL_TIMEOUT_SECONDS)
+            )
+        except self._GetTimeoutError:
+            if sig != signal.SIGKILL:
+                log.warning("%s: actor did not answer a signal", _name(run.spec))
+                return False
+            # An actor that cannot even be reached is killed whole; its death becomes the event.
+            self._kill_actor(run)
+            return True
+        except self._RayError:
+            return False  # the actor is dead; the watcher reports it
+
+    def stop_node(self, node_id: int, grace_seconds: float) -> None:
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return
+        threading.Thread(
+            target=self._stop, args=(run, grace_seconds), name=f"stop-{node_id}", daemon=True
+        ).start()
+
+    def _stop(self, run: _Running, grace_seconds: float) -> None:
+        """SIGTERM, SIGKILL after the grace period, then the actor itself."""
+        ray = self._ray
+        try:
+            if self._signal(run, signal.SIGTERM):
+                ready, _ = ray.wait([run.ref], timeout=grace_seconds)
+                if not ready and self._signal(run, signal.SIGKILL):
+                    ray.wait([run.ref], timeout=KILL_WAIT_SECONDS)
+        except Exception as e:  # the actor died meanwhile, or Ray is shutting down
+            log.debug("%s: stop: %s", _name(run.spec), e)
+        self._kill_actor(run)
+
+    def _kill_actor(self, run: _Running) -> None:
+        try:
+            self._ray.kill(run.actor, no_restart=True)
+        except Exception as e:  # already gone, or Ray is shutting down
+            log.debug("%s: ray.kill: %s", _name(run.spec), e)
+        if self._anchor is not None and run.actor_name:
+            try:
+                self._anchor.release.remote(run.spec.id)
+            except Exception as e:
+                log.debug("%s: release: %s", _name(run.spec), e)
+
+    # -- resuming under a restarted master ----------------------------------------------------
+
+    def handle(self, node_id: int) -> dict[str, Any]:
+        """The node actor's name, namespace and id: a later master finds exactly this actor."""
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None or not run.actor_name:
+            return {}
+        return {
+            "actor": run.actor_name,
+            "namespace": self.namespace,
+            "actor_id": run.actor._actor_id.hex(),
+        }
+
+    def restore_addresses(self, addresses: dict[tuple[str, int], str]) -> None:
+        """Pin each (type, rank) to the Ray node and port a previous master gave it."""
+        if self._anchor is None:
+            raise PlatformError(self._no_anchor())
+        with self._lock:
+            self._placement.restore(addresses)
+
+    def adopt(self, spec: NodeLaunchSpec, handle: dict[str, Any]) -> None:
+        """Watch a node actor a previous master started; an end it missed is reported now."""
+        if self._anchor is None:
+            raise PlatformError(self._no_anchor())
+        name = str(handle.get("actor") or node_actor_name(spec.id))
+        namespace = str(handle.get("namespace") or self.namespace)
+        with self._lock:
+            slot = self._placement.get(spec.type, spec.rank)
+        node = slot.node if slot else RayNode("", "?", 0.0)
+        actor = None
+        try:
+            actor = self._ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            pass
+        if actor is not None and handle.get("actor_id") not in (None, actor._actor_id.hex()):
+            log.warning("%s: actor %s is another incarnation's; not adopting it", _name(spec), name)
+            actor = None
+        if actor is None:
+            self.events.put(
+                NodeEvent(
+                    spec.type,
+                    spec.rank,
+                    spec.id,
+                    exit_code=-signal.SIGKILL,
+                    message=f"{_name(spec)} id={spec.id}: its Ray actor {name} ended while no "
+                    "master watched it",
+                    details={"ray_error": "ActorGone"},
+                )
+            )
+            return
+        run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote(), actor_name=name)
+        with self._lock:
+            self._running[spec.id] = run
+        self._wake.set()
+        log.info("adopted %s-%d id=%d (Ray actor %s)", spec.type, spec.rank, spec.id, name)
+
+    def _no_anchor(self) -> str:
+        return (
+            "the Ray platform adopts a previous master's nodes only under `dlrover submit "
+            "--platform ray --ray-address ADDRESS`, whose job anchor keeps them alive; this "
+            "master was started without one"
+        )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Turn finished wait() calls (exits) and failed ones (dead actors) into events."""
+        ray = self._ray
+        while not self._stop_watch.is_set():
+            with self._lock:
+                by_ref = {run.ref: run for run in self._running.values()}
+            if not by_ref:
+                self._wake.wait(WATCH_TICK_SECONDS)
+                self._wake.clear()
+                continue
+            try:
+                refs = list(by_ref)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=WATCH_TICK_SECONDS)
+                if ready:
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            except Exception as e:  # Ray going away under us during shutdown
+                if not self._stop_watch.is_set():
+                    log.error("ray.wait failed: %s", e)
+                    self._stop_watch.wait(WATCH_TICK_SECONDS)
+                continue
+            for ref in ready:
+                self._finish(by_ref[ref])
+
+    def _finish(self, run: _Running) -> None:
+        """Report a node's end once and release its actor."""
+        with self._lock:
+            if self._running.get(run.spec.id) is not run:
+                return
+            del self._running[run.spec.id]
+        event = self._event_for(run)
+        self._kill_actor(run)
+        log.info("%s id=%d ended with %d", _name(run.spec), run.spec.id, event.exit_code)
+        self.events.put(event)
+
+    def _event_for(self, run: _Running) -> NodeEvent:
+        spec = run.spec
+        try:
+            code, tail = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
+            return NodeEvent(spec.type, spec.rank, spec.id, exit_code=int(code), message=tail)
+        except Exception as e:  # a dead actor (RayError), or Ray itself gone
+            text = " ".join(str(e).split())
+            lowered = text.lower()
+            if "its node has died" in lowered or "node is dead" in lowered:
+                what = "its Ray node died"
+            elif type(e).__name__ == "ActorUnschedulableError":
+                asked = f"{spec.cpu if spec.cpu > 0 else MIN_NODE_CPU:g} CPU" + (
+                    f", {spec.memory_mb} MB memory" if spec.memory_mb > 0 else ""
+                )
+                what = (
+                    f"cannot run on Ray node {run.node.ip}, which is gone or has less than the "
+                    f"{asked} it asks for"
+                )
+            elif isinstance(e, self._RayActorError):
+                what = "its Ray actor died"
+            else:
+                what = f"its Ray actor failed ({type(e).__name__})"
+            message = f"{_name(spec)} id={spec.id}: {what}: {text[:600]}"
+            return NodeEvent(
+                spec.type,
+                spec.rank,
+                spec.id,
+                exit_code=-signal.SIGKILL,
+                oom_killed="low on memory" in lowered or "memory pressure" in lowered,
+                message=message,
+                details={"ray_error": type(e).__name__},
+            )
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def shutdown(self, grace_seconds: float = 5.0) -> None:
+        """Stop every node (SIGTERM, SIGKILL after the grace), kill every actor, report ends."""
+        ray = self._ray
+        self._closed = True
+        self._stop_watch.set()
+        self._wake.set()
+        self._watcher.join(timeout=5)
+        with self._lock:
+            runs = list(self._running.values())
+        try:
+            if runs:
+                self._terminate(runs, grace_seconds)
+        except Exception as e:  # Ray itself failing: the actors' ends are reported below
+            log.error("stopping the Ray nodes: %s", e)
+        finally:
+            for run in runs:
+                self._finish(run)
+            if self._owns_connection and ray.is_initialized():
+                ray.shutdown()
+
+    def _terminate(self, runs: list[_Running], grace_seconds: float) -> None:
+        """SIGTERM every node at once, SIGKILL the ones left after the grace, then actors."""
+        ray = self._ray
+        for run in runs:
+            run.actor.signal.remote(int(signal.SIGTERM))
+        refs = [run.ref for run in runs]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=grace_seconds)
+        left = [run for run in runs if run.ref in set(pending)]
+        for run in left:
+            run.actor.signal.remote(int(signal.SIGKILL))
+        if left:
+            refs = [run.ref for run in left]
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=KILL_WAIT_SECONDS)
+        for run in left:
+            if run.ref in set(pending):
+                log.error("%s: still running after SIGKILL; killing its actor", _name(run.spec))
+                self._kill_actor(run)
+
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._running)
+
+
+def _name(spec: NodeLaunchSpec) -> str:
+    return f"{spec.type}-{spec.rank}"
