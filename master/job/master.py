@@ -24,6 +24,7 @@ from master.client import (
     ENV_NODE_RANK,
     ENV_NODE_TYPE,
 )
+from master.client.position import decode_positions
 from master.config import NODE_TYPES, JobSpec
 from master.job.autoscaler import AutoscaleExecutor
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
@@ -41,7 +42,7 @@ from master.nodes.policy import (
     is_hung,
     training_finished,
 )
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform
+from master.platform.api import POSITIONS_DETAIL, NodeEvent, NodeLaunchSpec, Platform
 from master.rendezvous.rounds import Round
 from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
@@ -469,6 +470,10 @@ class JobMaster:
         # first, so only what it really did not consume is re-queued.
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
+        # Steps its coalesced reports had not carried yet: the platform read them back.
+        self.sharding.apply_positions(
+            node.id, decode_positions(event.details.get(POSITIONS_DETAIL, ""))
+        )
         reported = node.extra.get("reported_exit")
         diagnosis = self._diagnose(node, event)
         reason = diagnosis.reason

@@ -29,6 +29,11 @@ class NodeLaunchSpec:
     memory_mb: int = 0
 
 
+# NodeEvent.details key: the ended node's last data positions (master.client.position's
+# encode_positions), for the master to apply before it re-queues the node's shards.
+POSITIONS_DETAIL = "positions"
+
+
 @dataclass(frozen=True)
 class NodeEvent:
     """A node incarnation's process ended (exit_code < 0: killed by that signal)."""

@@ -209,6 +209,22 @@ class ShardingService:
             # progress may lag by one flush; nodes re-send it after a master restart.
             self._commit(entry, version)
 
+    def apply_positions(self, holder: int, positions: dict[str, list[tuple[int, int]]]) -> int:
+        """Apply the last positions an ended holder left with its platform (its coalesced
+        reports had not carried them yet); stale, bad or unknown ones are skipped. Returns
+        how many advanced a shard or confirmed it."""
+        applied = 0
+        for name, pairs in positions.items():
+            if name not in self._datasets:
+                continue
+            for shard_id, consumed in pairs:
+                try:
+                    self.report(name, holder, [(shard_id, consumed)])
+                    applied += 1
+                except LedgerError:  # handed back, finished, or not this holder's
+                    continue
+        return applied
+
     def release(self, name: str, holder: int) -> int:
         """Re-queue the unconsumed remainder of the holder's shards of one dataset."""
         entry = self._entry(name)
