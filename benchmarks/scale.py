@@ -61,6 +61,7 @@ DATASET = "scale"
 DATASET_SIZE = 10**9  # never runs out
 HEARTBEAT_TIMEOUT_S = 5.0
 HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
+COALESCE_SECONDS = 1.0  # as master.client.progress.COALESCE_SECONDS
 RENDEZVOUS_NODES = 256
 C10D_TIMEOUT_S = 60.0
 TARGET_CPU_CORES = 1.0
@@ -225,6 +226,7 @@ class SimPlan:
     silent_id: int  # the node that goes silent at the window's start (0: none here)
     warmup: float
     seconds: float
+    coalesce_s: float  # 0: a progress message per step; else one per this many seconds
 
 
 class _Stats:
@@ -232,15 +234,33 @@ class _Stats:
 
     def __init__(self) -> None:
         self.latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
-        self.steps = 0  # progress messages sent in the window
+        self.steps = 0  # steps taken in the window
+        self.messages = 0  # progress messages sent in the window
         self.shards = 0  # shards whose last step was reported in the window
         self.late = array("d")  # how late each step started against its schedule
         self.drain = 0.0
         self.silent_last_beat = 0.0
         self.errors: list[str] = []
+        self.registered = 0
+        self.all_registered: asyncio.Event | None = None
 
 
-async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float, stats) -> None:
+class _Window:
+    """The measured window of a simulator process, known once the parent gives the start."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.begin = self.end = float("inf")
+
+    def open(self, start_at: float, warmup: float, seconds: float) -> None:
+        self.begin = start_at + warmup
+        self.end = self.begin + seconds
+        self.started.set()
+
+
+async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, stats) -> None:
+    """One node: registers and heartbeats from then on (so no node looks lost while the others
+    register); a worker starts taking shards and stepping at the common start."""
     import grpc
 
     from master.client import TOKEN_METADATA_KEY
@@ -252,23 +272,26 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float,
     channel = grpc.aio.insecure_channel(plan.addr, options=CHANNEL_OPTIONS)
     stub = stub_cls(channel)
     clock = time.monotonic
-    silent_at = begin if node_id == plan.silent_id else float("inf")
-    stop_at = min(end, silent_at)
+    silent = node_id == plan.silent_id
+    upcoming = None
+
+    def stop_at() -> float:  # the window's end; the silent node's silence starts with it
+        return window.begin if silent else window.end
 
     def timed(kind: str, t0: float) -> None:
         t1 = clock()
-        if begin <= t1 < end:
+        if window.begin <= t1 < window.end:
             stats.latency[kind].append(t1 - t0)
 
     async def heartbeats() -> None:
         stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
         request = nodes_pb2.HeartbeatRequest(node=ref, stats=stat)
-        t = begin - plan.warmup + random.random() / HEARTBEAT_HZ
-        while t < stop_at:
+        t = clock() + random.random() / HEARTBEAT_HZ
+        while t < stop_at():
             await asyncio.sleep(max(0.0, t - clock()))
             t0 = clock()
             await stub.Heartbeat(request, metadata=md, timeout=30)
-            if node_id == plan.silent_id:
+            if silent:
                 stats.silent_last_beat = t0
             timed("heartbeat", t0)
             t += 1 / HEARTBEAT_HZ
@@ -284,26 +307,44 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float,
         return reply.shard
 
     async def steps() -> None:
+        nonlocal upcoming
+        await window.started.wait()
+        begin, end = window.begin, window.end
         call = stub.StreamProgress(metadata=md)
         shard = await get_shard()
-        upcoming = None
         step = 0
+        pending: dict[int, int] = {}  # shard id -> records consumed, not reported yet
+        unsent = 0
+        next_flush = begin - plan.warmup + random.random() * plan.coalesce_s
         t = begin - plan.warmup + random.random() / STEPS_PER_S
-        while t < stop_at:
+        while t < stop_at():
             now = clock()
             await asyncio.sleep(max(0.0, t - now))
             started = clock()
             size = shard.end - shard.start
             done = min(size, (step % 16 + 1) * BATCH_SIZE)
             step += 1
-            request = data_pb2.ReportProgressRequest(
-                node=ref,
-                dataset=DATASET,
-                reports=[data_pb2.ProgressReport(shard_id=shard.shard_id, records_consumed=done)],
-                global_step=step,
-            )
-            await call.write(request)
-            timed("stream_write", started)
+            pending[shard.shard_id] = done
+            unsent += 1
+            if started >= next_flush:  # per step, or once per interval when coalescing
+                request = data_pb2.ReportProgressRequest(
+                    node=ref,
+                    dataset=DATASET,
+                    reports=[
+                        data_pb2.ProgressReport(shard_id=s, records_consumed=c)
+                        for s, c in pending.items()
+                    ],
+                    global_step=step,
+                )
+                if plan.coalesce_s:
+                    request.steps = unsent
+                pending.clear()
+                unsent = 0
+                next_flush = started + plan.coalesce_s
+                await call.write(request)
+                timed("stream_write", started)
+                if begin <= started < end:
+                    stats.messages += 1
             if begin <= started < end:
                 stats.steps += 1
                 stats.late.append(max(0.0, started - t))
@@ -314,18 +355,34 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float,
                     stats.shards += 1
                 shard, upcoming = await upcoming, None
             t += 1 / STEPS_PER_S
-        if node_id == plan.silent_id:
+        if silent:
             await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
             call.cancel()
             return
         if upcoming is not None:
             await upcoming
+        if pending:
+            reports = [
+                data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in pending.items()
+            ]
+            await call.write(
+                data_pb2.ReportProgressRequest(node=ref, dataset=DATASET, reports=reports)
+            )
         t0 = clock()
         await call.done_writing()
         await call
         stats.drain = max(stats.drain, clock() - t0)
 
     try:
+        async with sem:
+            await stub.RegisterNode(
+                nodes_pb2.RegisterRequest(node=ref, host="sim", pid=os.getpid()),
+                metadata=md,
+                timeout=60,
+            )
+        stats.registered += 1
+        if stats.registered == len(plan.nodes):
+            stats.all_registered.set()
         tasks = [heartbeats()]
         if node_type == "worker":
             tasks.append(steps())
@@ -334,39 +391,31 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, begin: float, end: float,
         pass
     except Exception as e:
         stats.errors.append(f"{node_type}-{rank}: {e!r}"[:300])
+        stats.all_registered.set()  # a node that cannot register must not hang the start
     finally:
+        if upcoming is not None:
+            upcoming.cancel()
         await channel.close(grace=None)
 
 
 async def _sim_run(conn, plan: SimPlan, stats: _Stats) -> None:
-    import grpc
-
-    from master.client import TOKEN_METADATA_KEY
     from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 
-    md = ((TOKEN_METADATA_KEY, plan.token),)
-    # Every node connects and registers before the common start.
-    sem = asyncio.Semaphore(64)
-
-    async def register(node) -> None:
-        async with sem:
-            async with grpc.aio.insecure_channel(plan.addr) as channel:
-                ref = common_pb2.NodeRef(type=node[0], rank=node[1], id=node[2])
-                await master_pb2_grpc.MasterStub(channel).RegisterNode(
-                    nodes_pb2.RegisterRequest(node=ref, host="sim", pid=os.getpid()),
-                    metadata=md,
-                    timeout=60,
-                )
-
-    await asyncio.gather(*(register(n) for n in plan.nodes))
+    stats.all_registered = asyncio.Event()
+    window = _Window()
+    sem = asyncio.Semaphore(64)  # registrations under way at once
+    pb = (common_pb2, data_pb2, nodes_pb2)
+    nodes = asyncio.gather(
+        *(
+            _sim_node(master_pb2_grpc.MasterStub, pb, plan, n, window, sem, stats)
+            for n in plan.nodes
+        )
+    )
+    await stats.all_registered.wait()
     conn.send(("ready",))
     start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-    begin = start_at + plan.warmup
-    end = begin + plan.seconds
-    pb = (common_pb2, data_pb2, nodes_pb2)
-    await asyncio.gather(
-        *(_sim_node(master_pb2_grpc.MasterStub, pb, plan, n, begin, end, stats) for n in plan.nodes)
-    )
+    window.open(start_at, plan.warmup, plan.seconds)
+    await nodes
 
 
 def _sim_main(conn, plan: SimPlan) -> None:
@@ -381,13 +430,16 @@ def _sim_main(conn, plan: SimPlan) -> None:
     conn.send(
         (
             "done",
-            {k: v.tobytes() for k, v in stats.latency.items()},
-            stats.steps,
-            stats.shards,
-            stats.late.tobytes(),
-            stats.drain,
-            stats.silent_last_beat,
-            stats.errors,
+            {
+                "latency": {k: v.tobytes() for k, v in stats.latency.items()},
+                "steps": stats.steps,
+                "messages": stats.messages,
+                "shards": stats.shards,
+                "late": stats.late.tobytes(),
+                "drain": stats.drain,
+                "silent_last_beat": stats.silent_last_beat,
+                "errors": stats.errors,
+            },
         )
     )
 
@@ -422,6 +474,7 @@ def _create_dataset(addr: str, token: str, node: tuple[str, int, int]) -> None:
 def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     """Simulate `n` workers (and their PS) against a fresh master; the figures of this N."""
     ps = max(1, n // PS_PER_WORKERS)
+    coalesce = COALESCE_SECONDS if args.progress == "coalesced" else 0.0
     children: list[_Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
@@ -436,7 +489,9 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             shares = [nodes[i :: args.sim_processes] for i in range(args.sim_processes)]
             sims = []
             for i, share in enumerate(shares):
-                plan = SimPlan(addr, token, tuple(share), silent, args.warmup, args.seconds)
+                plan = SimPlan(
+                    addr, token, tuple(share), silent, args.warmup, args.seconds, coalesce
+                )
                 sims.append(_Child(ctx, f"sim-{i}", _sim_main, plan))
             children.extend(sims)
             for sim in sims:
@@ -468,16 +523,17 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                 child.stop()
     # A node the master declared lost (its heartbeats came too late) is refused from then on:
     # counted, not fatal, so an overloaded master still gets its figures.
-    errors = [e for r in results for e in r[7]]
+    results = [r[1] for r in results]
+    errors = [e for r in results for e in r["errors"]]
     if errors:
         log.warning("N=%d: %d simulated node(s) failed; first: %s", n, len(errors), errors[0])
     latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
     late = array("d")
     for r in results:
-        for k, raw in r[1].items():
+        for k, raw in r["latency"].items():
             latency[k].frombytes(raw)
-        late.frombytes(r[4])
-    last_beat = max(r[6] for r in results)
+        late.frombytes(r["late"])
+    last_beat = max(r["silent_last_beat"] for r in results)
     seconds = args.seconds
     wall = own1[2] - own0[2]
     master_cpu, sim_cpu, other_cpu = (b - a for a, b in zip(cpu0, cpu1, strict=True))
@@ -489,8 +545,9 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             "p50_ms": round(percentile(v, 50) * 1000, 2) if v else None,
             "p99_ms": round(percentile(v, 99) * 1000, 2) if v else None,
         }
-    steps = sum(r[2] for r in results)
-    shards = sum(r[3] for r in results)
+    steps = sum(r["steps"] for r in results)
+    messages = sum(r["messages"] for r in results)
+    shards = sum(r["shards"] for r in results)
     lates = sorted(late)
     return {
         "nodes": n,
@@ -501,10 +558,11 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
-        "progress_messages_per_s": round(steps / seconds, 1),
+        "progress": "coalesced" if coalesce else "per-step",
+        "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
-        "stream_drain_ms": round(max(r[5] for r in results) * 1000, 1),
+        "stream_drain_ms": round(max(r["drain"] for r in results) * 1000, 1),
         # None: not detected, or the silent node was refused before its silence began.
         "lost_node_detected_s": round(detected[0] - last_beat, 2)
         if detected and last_beat
@@ -512,7 +570,13 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "heartbeat_timeout_s": args.heartbeat_timeout,
         "false_lost_nodes": false_lost,  # live nodes the master declared lost (too slow)
         "nodes_failed": len(errors),
-        "master_cpu_us_per_message": round((own1[1] - own0[1]) / max(1, steps + n + ps) * 1e6, 1),
+        # Per message received: progress messages, heartbeats and shard asks.
+        "master_cpu_us_per_message": round(
+            (own1[1] - own0[1])
+            / max(1, messages + len(latency["heartbeat"]) + len(latency["get_shard"]))
+            * 1e6,
+            1,
+        ),
         "meter_master_cpu_cores": round(master_cpu / seconds, 3),
         "sim_cpu_cores": round(sim_cpu / seconds, 3),
         "other_load_cores": round(max(0.0, other_cpu) / seconds, 3),
@@ -599,7 +663,8 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
     w(
         f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
         f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
-        f"{args.sim_processes} simulator processes, {os.cpu_count()} cores\n\n"
+        f"{args.sim_processes} simulator processes, {args.progress} progress reports, "
+        f"{os.cpu_count()} cores\n\n"
     )
     head = (
         f"{'N':>5} | {'master cores':>12} {'us/msg':>6} {'RSS MB':>7} {'threads':>7} | "
@@ -624,8 +689,8 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         w(" | ".join(cols) + "\n")
     w(
         f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
-        f"us/msg: its CPU per message\n(progress steps + heartbeats); detect s: last heartbeat "
-        f"of the silent node to the master's heartbeat_lost\n"
+        f"us/msg: its CPU per message\n(progress messages, heartbeats, shard asks); "
+        f"detect s: last heartbeat of the silent node to the master's heartbeat_lost\n"
         f"(timeout {args.heartbeat_timeout:g} s); lost: live nodes the master declared lost; "
         f"steps/w/s: progress messages per worker per second that the simulator achieved "
         f"(target {STEPS_PER_S:g}).\n"
@@ -654,6 +719,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
     p.add_argument("--heartbeat-timeout", type=float, default=HEARTBEAT_TIMEOUT_S)
     p.add_argument("--sim-processes", type=int, default=SIM_PROCESSES)
+    p.add_argument(
+        "--progress",
+        choices=("coalesced", "per-step"),
+        default="coalesced",
+        help="coalesced: a progress report per worker per second carrying its steps (what "
+        "ShardedDataset sends where the platform keeps position files: local); per-step: one "
+        "per step (elsewhere)",
+    )
     p.add_argument("--rendezvous-nodes", type=int, default=RENDEZVOUS_NODES)
     p.add_argument("--c10d-timeout", type=float, default=C10D_TIMEOUT_S)
     p.add_argument("--no-rendezvous", action="store_true", help="skip the rendezvous part")
