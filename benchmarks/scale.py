@@ -59,7 +59,7 @@ BATCH_SIZE = 64
 RECORDS_PER_SHARD = BATCH_SIZE * 16
 DATASET = "scale"
 DATASET_SIZE = 10**9  # never runs out
-HEARTBEAT_TIMEOUT_S = 5.0
+HEARTBEAT_TIMEOUT_S = 15.0  # the job spec's default
 HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
 COALESCE_SECONDS = 1.0  # as master.client.progress.COALESCE_SECONDS
 RENDEZVOUS_NODES = 256
@@ -149,9 +149,12 @@ def _master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) ->
         {
             "name": "bench-scale",
             "command": ["true"],
-            "worker": {"replicas": workers},
-            "ps": {"replicas": ps},
+            "worker": {"replicas": workers, "max_relaunches": 100_000},
+            "ps": {"replicas": ps, "max_relaunches": 100_000},
             "heartbeat_timeout_seconds": timeout_s,
+            # A node falsely declared lost is counted (false_lost_nodes); its relaunch must
+            # not end the job and take every other node's figures with it.
+            "max_relaunches": 100_000,
         },
         source="bench",
         base_dir=tmp_dir,
@@ -175,7 +178,10 @@ def _master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) ->
     runner = threading.Thread(target=job.run, name="job", daemon=True)
     runner.start()
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while len(job.nodes.all_current()) < workers + ps and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # every node launched (marked running)
+        current = job.nodes.all_current()
+        if len(current) == workers + ps and all(n.state.value == "running" for n in current):
+            break
         time.sleep(0.05)
     nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
     conn.send(("ready", port, token, nodes))
@@ -715,7 +721,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(map(str, DEFAULT_NODES)),
         help="comma-separated worker counts (each also gets N/50 PS nodes)",
     )
-    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per N")
+    p.add_argument("--seconds", type=float, default=18.0, help="measured seconds per N")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
     p.add_argument("--heartbeat-timeout", type=float, default=HEARTBEAT_TIMEOUT_S)
     p.add_argument("--sim-processes", type=int, default=SIM_PROCESSES)
