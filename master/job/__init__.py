@@ -1,2 +1,3 @@
-"""The job core: the control loop (`JobMaster`) and the policies it consults (relaunch, completion,
-scaling, PS change), its events and its checkpoint registry."""
+"""The job core: the control loop (`JobMaster`, master.job.master) and the policies it applies
+(launch, exits, health, completion, scaling and autoscaling, PS change, rollback, fault
+injection), its events and its checkpoint registry."""

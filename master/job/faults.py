@@ -1,12 +1,26 @@
-"""Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN` on `dlrover submit`."""
+"""Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN` on `dlrover submit`.
+
+`parse_fault` reads a `--kill` value, `faults_due` says which faults fire now (pure), and
+`FaultInjectionMixin` is the part of `JobMaster` that fires them."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from master.config import NODE_TYPES
+from master.job.model import STOP_GRACE_SECONDS
+from master.nodes.model import NodeState
+
+if TYPE_CHECKING:
+    from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
+    from master.sharding.service import ShardingService
 
 _PATTERN = re.compile(
     r"^(?P<type>[a-z]+):(?P<rank>\d+)@(?:(?P<pct>\d+(?:\.\d+)?)%|(?P<secs>\d+(?:\.\d+)?)s"
@@ -88,3 +102,71 @@ def due(fault: Fault, percent_done: float, seconds: float, global_step: int) -> 
     if fault.at_seconds is not None:
         return seconds >= fault.at_seconds
     return fault.at_step is not None and global_step >= fault.at_step
+
+
+def faults_due(
+    faults: Sequence[Fault],
+    fired: Collection[int],
+    percent_done: float,
+    seconds: float,
+    global_step: int,
+) -> list[int]:
+    """The indices of the faults not `fired` yet whose trigger has been reached, in order."""
+    return [
+        i
+        for i, fault in enumerate(faults)
+        if i not in fired and due(fault, percent_done, seconds, global_step)
+    ]
+
+
+class FaultInjectionMixin:
+    """The part of `JobMaster` that fires the faults given at submit from its control loop."""
+
+    nodes: NodeManager
+    platform: Platform
+    sharding: ShardingService
+    global_step: int
+    _faults: list[Fault]
+    _fired_faults: list[int]
+    _emit: Callable[..., Any]
+    _save_runtime: Callable[[], None]
+    percent_done: Callable[[], float]
+    elapsed: Callable[[], float]
+
+    def _inject_faults(self) -> None:
+        if len(self._fired_faults) == len(self._faults):
+            return
+        pct, secs = self.percent_done(), self.elapsed()
+        for i in faults_due(self._faults, self._fired_faults, pct, secs, self.global_step):
+            fault = self._faults[i]
+            # Recorded before it acts, so a restarted master never fires it again.
+            self._fired_faults.append(i)
+            self._save_runtime()
+            if fault.node_type == MASTER:
+                self._kill_self(fault)
+                continue
+            node = self.nodes.current(fault.node_type, fault.rank)
+            if node is None or node.state != NodeState.RUNNING:
+                self._emit(
+                    "fault", f"fault injection: {fault.describe()}: node not running, skipped"
+                )
+                continue
+            self._emit(
+                "fault",
+                f"fault injection: {fault.describe()} (id {node.id}, at global step "
+                f"{self.global_step})",
+                node,
+                "fault_injection",
+                signal=int(fault.signal),
+                global_step=self.global_step,
+            )
+            self.platform.signal_node(node.id, fault.signal)
+
+    def _kill_self(self, fault: Fault) -> None:
+        """Fault injection on the master: record it as fired, then die by the signal."""
+        self._emit(
+            "fault", f"fault injection: {fault.describe()} (at global step {self.global_step})"
+        )
+        self.sharding.flush()
+        os.kill(os.getpid(), fault.signal)
+        time.sleep(STOP_GRACE_SECONDS)  # a catchable signal: its handler asks the loop to stop

@@ -9,7 +9,6 @@ import time
 from collections import defaultdict, deque
 
 from master.nodes.model import ExitReason, Node, NodeState
-from master.nodes.policy import heartbeat_lost
 from master.pb import nodes_pb2
 from master.state.api import StateStore
 
@@ -201,13 +200,3 @@ class NodeManager:
             self._commands.pop(node_id, None)
             self._save(node)
             return node
-
-    def lost_heartbeats(self, timeout: float) -> list[Node]:
-        """Running nodes that registered but have not sent a heartbeat within `timeout`."""
-        now = time.monotonic()
-        with self._lock:
-            return [
-                n
-                for n in (self._by_id[i] for i in self._current.values())
-                if heartbeat_lost(n, now, timeout)
-            ]

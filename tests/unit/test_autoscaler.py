@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from master.config import AutoscaleSpec, SpecError, parse_job_spec
-from master.job.autoscaler import (
+from master.job.autoscale_policy import (
     MIGRATE_PS,
     NONE,
     SCALE_WORKERS,
@@ -435,7 +435,7 @@ def test_process_probe_reads_a_local_process_without_heartbeats():
 def test_a_restarted_master_keeps_the_measurements_and_the_ceiling():
     import json
 
-    from master.job.autoscaler import AutoscaleExecutor
+    from master.job.autoscaler import Autoscaler as AutoscaleExecutor
 
     _, _, state = run(CFG, saturating(3))
     before = AutoscaleExecutor(None, CFG)

@@ -1,0 +1,156 @@
+"""Node health: lost heartbeats, hung trainers and stragglers, each judged once per node.
+
+`heartbeat_verdicts`, `hang_verdicts` and `straggler_verdicts` are pure: current nodes and
+times in, `HealthVerdict`s out. `HealthMixin` is the part of `JobMaster` that gathers what they
+need and applies each verdict: mark the node, record the event, kill it where the verdict says
+(its exit is then handled as any other, see master.job.exits)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from master.job.diagnosis import find_stragglers
+from master.nodes.model import TRAINING_TYPES, Node, NodeState
+from master.nodes.policy import heartbeat_lost, is_hung
+
+if TYPE_CHECKING:
+    from master.config import JobSpec
+    from master.nodes.manager import NodeManager
+    from master.sharding.service import ShardingService
+
+STRAGGLER_CHECK_SECONDS = 5.0
+# node.extra flags: what the master found (each node is judged once per finding), read again
+# when the node's exit is diagnosed (master.job.exits.diagnose_node_exit).
+HEARTBEAT_LOST = "heartbeat_lost"
+HUNG = "hung"
+STRAGGLER = "straggler"
+STRAGGLER_REPLACED = "straggler_replaced"
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    """One finding about one node: the event to record, the flags to set, whether to kill it."""
+
+    node: Node
+    kind: str  # the event kind, also its reason: heartbeat_lost | hang | straggler
+    message: str
+    marks: tuple[str, ...]  # node.extra flags to set
+    kill: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def heartbeat_verdicts(nodes: Iterable[Node], now: float, timeout: float) -> list[HealthVerdict]:
+    """Kill each registered running node whose last heartbeat is older than `timeout`."""
+    return [
+        HealthVerdict(
+            node,
+            "heartbeat_lost",
+            f"{node.name} (id {node.id}) sent no heartbeat for {timeout:g}s; killing it",
+            (HEARTBEAT_LOST,),
+            kill=True,
+            details={"timeout_seconds": timeout},
+        )
+        for node in nodes
+        if heartbeat_lost(node, now, timeout) and not node.extra.get(HEARTBEAT_LOST)
+    ]
+
+
+def hang_verdicts(
+    nodes: Iterable[Node], now: float, timeout: float, holding_shards: Collection[int]
+) -> list[HealthVerdict]:
+    """Restart each trainer that holds shards (its id in `holding_shards`) but made no step
+    for `timeout` seconds (0: detection off)."""
+    return [
+        HealthVerdict(
+            node,
+            "hang",
+            f"{node.name} (id {node.id}) holds shards but made no step for {timeout:g}s; "
+            "restarting it",
+            (HUNG,),
+            kill=True,
+            details={"timeout_seconds": timeout, "steps": node.steps},
+        )
+        for node in nodes
+        if not node.extra.get(HUNG) and is_hung(node, now, timeout, node.id in holding_shards)
+    ]
+
+
+def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> list[HealthVerdict]:
+    """Report (`action` "report") or replace ("replace") each running trainer with at least
+    `min_steps` steps that is far slower than its peers (master.job.diagnosis.find_stragglers);
+    "off": none."""
+    if action == "off":
+        return []
+    measured = {
+        n.id: n
+        for n in nodes
+        if n.type in TRAINING_TYPES and n.state == NodeState.RUNNING and n.steps >= min_steps
+    }
+    replace = action == "replace"
+    slow = find_stragglers({i: n.step_seconds for i, n in measured.items()})
+    verdicts = []
+    for node_id, factor in slow.items():
+        node = measured[node_id]
+        if node.extra.get(STRAGGLER):
+            continue
+        verdicts.append(
+            HealthVerdict(
+                node,
+                "straggler",
+                f"{node.name} (id {node.id}) is a straggler: {node.step_seconds * 1000:.0f} ms "
+                f"per step, {factor:.1f}x its peers' median"
+                + ("; replacing it" if replace else ""),
+                (STRAGGLER, STRAGGLER_REPLACED) if replace else (STRAGGLER,),
+                kill=replace,
+                details={
+                    "step_seconds": round(node.step_seconds, 4),
+                    "slowdown": round(factor, 2),
+                    "action": "replace" if replace else "report",
+                },
+            )
+        )
+    return verdicts
+
+
+class HealthMixin:
+    """The part of `JobMaster` that runs the health checks from its control loop."""
+
+    spec: JobSpec
+    nodes: NodeManager
+    sharding: ShardingService
+    _stragglers_checked_at: float
+    _emit: Callable[..., Any]
+    _kill_node: Callable[[Node], None]
+
+    def _check_health(self) -> None:
+        now = time.monotonic()
+        self._apply_verdicts(
+            heartbeat_verdicts(self.nodes.all_current(), now, self.spec.heartbeat_timeout_seconds)
+        )
+        timeout = self.spec.hang_timeout_seconds
+        if timeout > 0:
+            nodes = self.nodes.all_current()
+            holding = {n.id for n in nodes if self.sharding.holds_shards(n.id)}
+            self._apply_verdicts(hang_verdicts(nodes, time.monotonic(), timeout, holding))
+        now = time.monotonic()
+        if (
+            self.spec.stragglers != "off"
+            and now - self._stragglers_checked_at >= STRAGGLER_CHECK_SECONDS
+        ):
+            self._stragglers_checked_at = now
+            self._apply_verdicts(
+                straggler_verdicts(
+                    self.nodes.all_current(), self.spec.stragglers, self.spec.straggler_min_steps
+                )
+            )
+
+    def _apply_verdicts(self, verdicts: Iterable[HealthVerdict]) -> None:
+        for v in verdicts:
+            for mark in v.marks:
+                v.node.extra[mark] = True
+            self._emit(v.kind, v.message, v.node, v.kind, **v.details)
+            if v.kill:
+                self._kill_node(v.node)

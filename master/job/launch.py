@@ -1,0 +1,170 @@
+"""What a node is launched with: its command, environment, `TF_CONFIG` and launch spec.
+
+Pure functions of the job spec and the node. `LaunchMixin` is the part of `JobMaster` that asks
+the platform for addresses (remembering them, so a node keeps its address across relaunches)
+and launches the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from master.client import (
+    ENV_JOB_TOKEN_FILE,
+    ENV_MASTER_ADDR,
+    ENV_NODE_ID,
+    ENV_NODE_RANK,
+    ENV_NODE_TYPE,
+)
+from master.config import JobSpec
+from master.job.model import JobRuntime
+from master.nodes.model import Node
+from master.platform.api import NodeLaunchSpec
+
+if TYPE_CHECKING:
+    from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
+
+# The types TF_CONFIG lists (an evaluator is a task of its own, outside the cluster).
+TF_CLUSTER_TYPES = ("ps", "chief", "worker")
+PS_SERVER_COMMAND = ("python", "-m", "dlrover_tf.ps")  # the built-in PS when none is given
+
+
+def node_command(spec: JobSpec, node_type: str, python: str = sys.executable) -> tuple[str, ...]:
+    """The command a node of `node_type` runs; a leading `python` is this interpreter."""
+    group = spec.group(node_type)
+    if group.command:
+        command = group.command
+    elif node_type == "ps":
+        command = PS_SERVER_COMMAND
+    else:
+        command = spec.command
+    if command and command[0] in ("python", "python3"):
+        command = (python, *command[1:])
+    return tuple(command)
+
+
+def tf_cluster_spec(
+    spec: JobSpec, replicas: Mapping[str, int], address: Callable[[str, int], str]
+) -> dict[str, list[str]]:
+    """The TF cluster: every worker slot is listed, so PS can reach workers added later.
+    `address(type, rank)` is a node's address; it is asked in cluster order."""
+    cluster = {}
+    for node_type in TF_CLUSTER_TYPES:
+        n = spec.worker.slots if node_type == "worker" else replicas[node_type]
+        if n:
+            cluster[node_type] = [address(node_type, r) for r in range(n)]
+    return cluster
+
+
+def tf_config(cluster: Mapping[str, list[str]], node_type: str, rank: int) -> str:
+    """The `TF_CONFIG` of task (node_type, rank) in `cluster`, as JSON."""
+    return json.dumps(
+        {
+            "cluster": cluster,
+            "task": {"type": node_type, "index": rank},
+            "environment": "cloud",
+        }
+    )
+
+
+def node_env(
+    spec: JobSpec,
+    runtime: JobRuntime,
+    node: Node,
+    cluster: Mapping[str, list[str]],
+    inherited: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A node's environment: `inherited` (the master's, on platforms that pass it on), the
+    job's and its group's variables, then its identity, the master's address and TF_CONFIG.
+    The job token travels as a file only, never as a variable."""
+    env = dict(inherited or {})
+    env.update(spec.env)
+    env.update(spec.group(node.type).env)
+    env.update(
+        {
+            ENV_MASTER_ADDR: runtime.master_addr,
+            **runtime.node_env,
+            ENV_JOB_TOKEN_FILE: runtime.token_file,
+            ENV_NODE_TYPE: node.type,
+            ENV_NODE_RANK: str(node.rank),
+            ENV_NODE_ID: str(node.id),
+            "DLROVER_JOB_NAME": spec.name,
+            "DLROVER_RUN_DIR": runtime.run_dir,
+            "DLROVER_MODEL_DIR": os.path.join(runtime.run_dir, "model"),
+            "PYTHONUNBUFFERED": "1",
+            "TF_CONFIG": tf_config(cluster, node.type, node.rank),
+        }
+    )
+    env.pop("DLROVER_JOB_TOKEN", None)
+    return env
+
+
+def node_log_path(run_dir: str, node: Node) -> str:
+    """Where a node incarnation's output goes: one file per incarnation."""
+    return os.path.join(run_dir, "logs", f"{node.name}.{node.id}.log")
+
+
+def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str) -> NodeLaunchSpec:
+    """What the platform needs to launch (or, with an empty env, adopt) a node incarnation."""
+    return NodeLaunchSpec(
+        type=node.type,
+        rank=node.rank,
+        id=node.id,
+        command=node_command(spec, node.type),
+        env=env,
+        workdir=spec.workdir,
+        log_path=log_path,
+        cpu=node.cpu or spec.group(node.type).cpu,
+        memory_mb=node.memory_mb,
+    )
+
+
+class LaunchMixin:
+    """The part of `JobMaster` that launches node incarnations (and adopts a previous
+    master's) with what the functions above build."""
+
+    spec: JobSpec
+    runtime: JobRuntime
+    platform: Platform
+    nodes: NodeManager
+    _addresses: dict[tuple[str, int], str]
+    _emit: Callable[..., Any]
+    _save_runtime: Callable[[], None]
+    tf_cluster: Callable[[], dict[str, list[str]]]
+
+    def _launch(
+        self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
+    ) -> Node:
+        group = self.spec.group(node_type)
+        node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
+        node.cpu = cpu or group.cpu
+        address = self._address(node_type, rank)
+        log_path = node_log_path(self.runtime.run_dir, node)
+        inherited = os.environ if self.platform.inherits_master_env else None
+        env = node_env(self.spec, self.runtime, node, self.tf_cluster(), inherited)
+        self.platform.launch(launch_spec(self.spec, node, env, log_path))
+        self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
+        self._save_runtime()
+        self._emit(
+            "node_running",
+            f"{node.name} (id {node.id}) launched at {address}",
+            node,
+            relaunches=relaunches,
+            memory_mb=node.memory_mb,
+        )
+        return node
+
+    def _launch_spec(self, node: Node) -> NodeLaunchSpec:
+        """What a platform needs to adopt a node a previous master started."""
+        return launch_spec(self.spec, node, {}, node.log_path)
+
+    def _address(self, node_type: str, rank: int) -> str:
+        """The node address for (type, rank), remembered so a restarted master keeps it."""
+        key = (node_type, rank)
+        if key not in self._addresses:
+            self._addresses[key] = self.platform.address_for(node_type, rank)
+        return self._addresses[key]

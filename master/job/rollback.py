@@ -1,0 +1,89 @@
+"""The data follows the model back to a checkpoint: each dataset's position saved with it.
+
+When a PS loses its variables (or the chief restores a checkpoint), the model goes back to a
+checkpoint's step, and every shard ledger goes back to the snapshot saved with that step
+(master.sharding). `RollbackMixin` is the part of `JobMaster` that does it and records it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from master.nodes.model import TRAINING_TYPES
+
+if TYPE_CHECKING:
+    from master.job.checkpoints import Checkpoint, CheckpointRegistry
+    from master.nodes.manager import NodeManager
+    from master.sharding.service import ShardingService
+
+MODEL_RESTORED = "model_restored"  # the chief reported the step it restored
+PS_FAILED = "ps_failed"  # a PS lost its variables
+
+
+def rollback_step(latest: Checkpoint | None) -> int:
+    """The step to go back to when none is known: the latest checkpoint's, or the start."""
+    return latest.global_step if latest else 0
+
+
+@dataclass(frozen=True)
+class DatasetRollback:
+    """One dataset sent back to a checkpoint's position: how many records train again."""
+
+    dataset: str
+    records_to_redo: int
+
+
+def rollbacks_to_report(
+    before: Mapping[str, int], after: Mapping[str, int], reason: str
+) -> list[DatasetRollback]:
+    """The datasets whose rollback is worth an event, from the records done before and after
+    it. A restore the chief reports that changed nothing (it restored where the data was) is
+    not; a PS failure always is."""
+    return [
+        DatasetRollback(name, before[name] - done)
+        for name, done in after.items()
+        if not (before[name] == done and reason == MODEL_RESTORED)
+    ]
+
+
+class RollbackMixin:
+    """The part of `JobMaster` that moves the data back with the model."""
+
+    nodes: NodeManager
+    sharding: ShardingService
+    checkpoints: CheckpointRegistry
+    _emit: Callable[..., Any]
+
+    def _free_held_shards(self) -> None:
+        """The model is lost until the chief restores it: every trainer's held shards go back
+        to the queue now. Their input pipelines, blocked waiting for a shard while the others
+        hold the rest, then yield, so the failed sessions can close and be rebuilt (TF waits
+        for running input ops when it closes a session)."""
+        for node in self.nodes.all_current():
+            if node.type in TRAINING_TYPES:
+                self.sharding.release_everywhere(node.id)
+
+    def _rollback_data(self, step: int | None = None, reason: str = PS_FAILED) -> None:
+        """The model goes back to a checkpoint (a PS lost its variables, or the chief restored
+        one), so every dataset goes back to the position saved with it. Without a step: the
+        latest checkpoint the master knows of (or the start if none exists)."""
+        if step is None:
+            step = rollback_step(self.checkpoints.latest())
+        before = _records_done(self.sharding.stats())
+        for name in self.sharding.names():
+            self.sharding.restore_snapshot(name, step)
+        for r in rollbacks_to_report(before, _records_done(self.sharding.stats()), reason):
+            self._emit(
+                "rollback",
+                f"dataset {r.dataset}: back to the position of checkpoint step {step} "
+                f"({r.records_to_redo:,} records to train again)",
+                reason=reason,
+                dataset=r.dataset,
+                checkpoint_step=step,
+                records_to_redo=r.records_to_redo,
+            )
+
+
+def _records_done(stats: Iterable[Any]) -> dict[str, int]:
+    return {s.name: s.records_done for s in stats}

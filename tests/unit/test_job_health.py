@@ -1,0 +1,81 @@
+"""Health verdicts: a lost heartbeat or a hang kills the node once; stragglers are reported."""
+
+from __future__ import annotations
+
+from master.job.health import (
+    HEARTBEAT_LOST,
+    HUNG,
+    STRAGGLER,
+    STRAGGLER_REPLACED,
+    hang_verdicts,
+    heartbeat_verdicts,
+    straggler_verdicts,
+)
+from master.nodes.model import Node, NodeState
+
+R = NodeState.RUNNING
+
+
+def test_a_registered_node_silent_past_the_timeout_is_killed():
+    quiet = Node("worker", 0, id=1, state=R, registered=True, last_heartbeat=80.0)
+    fresh = Node("worker", 1, id=2, state=R, registered=True, last_heartbeat=95.0)
+    unregistered = Node("ps", 0, id=3, state=R, last_heartbeat=0.0)  # judged by its exit only
+    [v] = heartbeat_verdicts([quiet, fresh, unregistered], now=100.0, timeout=15.0)
+    assert v.node is quiet and v.kind == "heartbeat_lost" and v.kill
+    assert v.marks == (HEARTBEAT_LOST,)
+    assert v.message == "worker-0 (id 1) sent no heartbeat for 15s; killing it"
+    assert v.details == {"timeout_seconds": 15.0}
+
+
+def test_a_lost_heartbeat_is_acted_on_once():
+    quiet = Node("worker", 0, id=1, state=R, registered=True, last_heartbeat=80.0)
+    quiet.extra[HEARTBEAT_LOST] = True
+    assert heartbeat_verdicts([quiet], now=100.0, timeout=15.0) == []
+
+
+def test_a_trainer_holding_shards_without_a_step_is_restarted():
+    stuck = Node("worker", 0, id=1, state=R, last_progress=10.0, steps=42)
+    waiting = Node("worker", 1, id=2, state=R, last_progress=10.0)  # holds no shard: may wait
+    busy = Node("chief", 0, id=3, state=R, last_progress=390.0)
+    [v] = hang_verdicts([stuck, waiting, busy], now=400.0, timeout=300.0, holding_shards={1, 3})
+    assert v.node is stuck and v.kill and v.marks == (HUNG,)
+    assert v.details == {"timeout_seconds": 300.0, "steps": 42}
+    assert "holds shards but made no step for 300s; restarting it" in v.message
+
+
+def test_hang_detection_off_or_already_found():
+    stuck = Node("worker", 0, id=1, state=R, last_progress=10.0)
+    assert hang_verdicts([stuck], now=400.0, timeout=0.0, holding_shards={1}) == []
+    stuck.extra[HUNG] = True
+    assert hang_verdicts([stuck], now=400.0, timeout=300.0, holding_shards={1}) == []
+
+
+def _trainers(*step_seconds, steps=50):
+    return [
+        Node("worker", i, id=10 + i, state=R, steps=steps, step_seconds=s)
+        for i, s in enumerate(step_seconds)
+    ]
+
+
+def test_a_worker_far_slower_than_its_peers_is_reported():
+    nodes = _trainers(0.1, 0.1, 0.5)
+    [v] = straggler_verdicts(nodes, "report", min_steps=20)
+    assert v.node is nodes[2] and not v.kill and v.marks == (STRAGGLER,)
+    assert v.details == {"step_seconds": 0.5, "slowdown": 5.0, "action": "report"}
+    assert v.message == "worker-2 (id 12) is a straggler: 500 ms per step, 5.0x its peers' median"
+
+
+def test_replace_kills_the_straggler_and_marks_why():
+    nodes = _trainers(0.1, 0.1, 0.5)
+    [v] = straggler_verdicts(nodes, "replace", min_steps=20)
+    assert v.kill and v.marks == (STRAGGLER, STRAGGLER_REPLACED)
+    assert v.message.endswith("; replacing it") and v.details["action"] == "replace"
+
+
+def test_no_straggler_verdicts_when_off_too_early_or_already_found():
+    assert straggler_verdicts(_trainers(0.1, 0.1, 0.5), "off", min_steps=20) == []
+    assert straggler_verdicts(_trainers(0.1, 0.1, 0.5, steps=5), "report", min_steps=20) == []
+    assert straggler_verdicts(_trainers(0.1, 0.12, 0.11), "report", min_steps=20) == []
+    found = _trainers(0.1, 0.1, 0.5)
+    found[2].extra[STRAGGLER] = True
+    assert straggler_verdicts(found, "report", min_steps=20) == []
