@@ -245,12 +245,20 @@ class ShardingService:
 
     def holds_shards(self, holder: int) -> bool:
         """Whether the holder has a shard of any dataset in doing."""
-        for name in self.names():
-            entry = self._datasets[name]
+        for entry in list(self._datasets.values()):
             with entry.cond:
-                if entry.ledger.held_by(holder):
+                if entry.ledger.holds(holder):
                     return True
         return False
+
+    def holders(self) -> set[int]:
+        """Every holder with a shard of some dataset in doing (one lock per dataset, not per
+        node: the control loop asks this for all nodes at every tick)."""
+        out: set[int] = set()
+        for entry in list(self._datasets.values()):
+            with entry.cond:
+                out |= entry.ledger.holders()
+        return out
 
     # -- ledger snapshots ---------------------------------------------------
 
