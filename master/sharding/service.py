@@ -77,8 +77,10 @@ class _Entry:
         self.cond = threading.Condition()
         self.version = 0
         self.durable = 0
-        # Held while one thread writes the ledger for everyone waiting (group commit).
-        self.commit_lock = threading.Lock()
+        # Group commit: one thread at a time writes (`writing`); the others wait on
+        # `durable_cond` until `durable` covers their change, woken all at once.
+        self.durable_cond = threading.Condition(threading.Lock())
+        self.writing = False
         self.stored: set[int] = stored or set()  # shard ids with a row in LEASE_TABLE
         self.rewrite_all = False  # the next write rewrites every lease row (ledger replaced)
 
@@ -329,60 +331,78 @@ class ShardingService:
     def _commit(self, entry: _Entry, version: int) -> None:
         """Return once the store holds the ledger as of `version` (or later).
 
-        Group commit: the thread that gets `commit_lock` writes the ledger as it is then, which
-        covers every change made so far; the threads that queued behind it meanwhile find their
-        version already durable and return without writing. Under load one store write serves
-        many calls; alone, a call costs one write as before.
+        Group commit: one thread at a time writes the ledger as it is then, which covers every
+        change made so far; the threads that wait meanwhile are woken together once it is
+        stored and return without writing (no lock to pass from one to the next: under load
+        each hand-off of a lock costs a context switch). Alone, a call costs one write.
         """
         if entry.durable >= version:
             return
-        with entry.commit_lock:
-            if entry.durable >= version:
+        with entry.durable_cond:
+            while entry.durable < version:
+                if not entry.writing:
+                    entry.writing = True
+                    break
+                entry.durable_cond.wait()
+            else:
                 return
+        covered = 0
+        try:
+            covered = self._write(entry)
+        finally:
+            with entry.durable_cond:
+                entry.writing = False
+                entry.durable = max(entry.durable, covered)
+                # On a failed write too: a waiter becomes the writer and tries again.
+                entry.durable_cond.notify_all()
+
+    def _write(self, entry: _Entry) -> int:
+        """Store the ledger as it is now (head and changed lease rows in one transaction);
+        returns the version written. Only the thread that set `entry.writing` calls this."""
+        with entry.cond:
+            covered = entry.version
+            ledger = entry.ledger
+            touched = ledger.take_touched()
+            rewrite_all = entry.rewrite_all
+            rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
+            if self._store.max_writes_per_transaction is None or (
+                len(rows) <= MAX_LEASE_ROWS_PER_WRITE
+            ):
+                head = ledger.head()
+                leases = {sid: ledger.lease_record(sid) for sid in rows}
+                entry.rewrite_all = False
+            else:
+                # Too many rows for one transaction (etcd caps its ops): the whole ledger
+                # goes in the head row, which a restarted master reads without the lease
+                # rows; those are stale now, so a later small write rewrites them all, and
+                # meanwhile each write drops a batch of rows of shards no longer held.
+                head = ledger.snapshot()
+                stale = sorted(entry.stored - ledger.doing_ids())
+                leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
+                entry.rewrite_all = True
+        name = head["spec"]["name"]
+        try:
+            with self._store.transaction():
+                self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
+                for sid, record in leases.items():
+                    key = _lease_key(name, sid)
+                    if record is None:
+                        if sid in entry.stored:
+                            self._store.delete(LEASE_TABLE, key)
+                    else:
+                        self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
+        except BaseException:
             with entry.cond:
-                covered = entry.version
-                ledger = entry.ledger
-                touched = ledger.take_touched()
-                rewrite_all = entry.rewrite_all
-                rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
-                if self._store.max_writes_per_transaction is None or (
-                    len(rows) <= MAX_LEASE_ROWS_PER_WRITE
-                ):
-                    head = ledger.head()
-                    leases = {sid: ledger.lease_record(sid) for sid in rows}
-                    entry.rewrite_all = False
-                else:
-                    # Too many rows for one transaction (etcd caps its ops): the whole ledger
-                    # goes in the head row, which a restarted master reads without the lease
-                    # rows; those are stale now, so a later small write rewrites them all, and
-                    # meanwhile each write drops a batch of rows of shards no longer held.
-                    head = ledger.snapshot()
-                    stale = sorted(entry.stored - ledger.doing_ids())
-                    leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
-                    entry.rewrite_all = True
-            name = head["spec"]["name"]
-            try:
-                with self._store.transaction():
-                    self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
-                    for sid, record in leases.items():
-                        key = _lease_key(name, sid)
-                        if record is None:
-                            if sid in entry.stored:
-                                self._store.delete(LEASE_TABLE, key)
-                        else:
-                            self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
-            except BaseException:
-                with entry.cond:
-                    if entry.ledger is ledger:
-                        ledger.retouch(touched)
-                    entry.rewrite_all = rewrite_all or entry.ledger is not ledger
-                raise
-            for sid, record in leases.items():
-                if record is None:
-                    entry.stored.discard(sid)
-                else:
-                    entry.stored.add(sid)
-            entry.durable = covered
+                if entry.ledger is ledger:
+                    ledger.retouch(touched)
+                entry.rewrite_all = rewrite_all or entry.ledger is not ledger
+            raise
+        for sid, record in leases.items():
+            if record is None:
+                entry.stored.discard(sid)
+            else:
+                entry.stored.add(sid)
+        return covered
 
     def _persist(self, entry: _Entry, force: bool = False) -> None:
         """Write the ledger if it changed since the last write (always, with `force`)."""
