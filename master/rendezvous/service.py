@@ -1,7 +1,10 @@
 """Thread-safe rendezvous rounds for every run of a job, with blocking waits and durable state.
 
-Blocking calls wait on one condition variable and wake when a round closes, a node joins or
-leaves, or the state machine's next deadline (end of a last call, a lease) passes: no polling.
+Blocking calls wait on a condition variable and wake when something they wait for may have
+changed, or the state machine's next deadline (end of a last call, a lease) passes: no polling.
+A member watching for nodes waiting to join wakes when a node joins or leaves; a node waiting
+for its round wakes when a round closes or a node leaves, dies or is replaced, not at every
+join (at 256 nodes, waking every waiter at every join was 65,000 wake-ups per round).
 
 Each run's state (round number, closed flag, the current round's members and ranks, the nodes
 waiting for the next round, the incarnation ids that fence stale calls, lost and departed
@@ -58,7 +61,9 @@ class RendezvousService:
         self._store = store
         self._clock = clock
         self._on_round = on_round  # told of every round that closes (job events)
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # every change (watchers wait on it)
+        self._rounds = threading.Condition(lock)  # a round closed, or a member left or died
         self._runs: dict[str, RoundStateMachine] = {}
         self._saved: dict[str, int] = {}  # per run, the version of the last record written
         # Until resume(): the nodes of the loaded rounds are not known to the job yet.
@@ -92,7 +97,7 @@ class RendezvousService:
             for run in self._runs.values():
                 run.renew_leases(now, RESUME_GRACE_SECONDS)
             self._resuming = False
-            self._cond.notify_all()
+            self._notify_all()
         for run_id, run in self._runs.items():
             if run.in_progress:
                 log.info(
@@ -114,10 +119,13 @@ class RendezvousService:
                     f"rendezvous {run_id!r} was started with {run.config}, this node asks for "
                     f"{config}; start every node with the same settings (or another run id)"
                 )
+            previous = run.id_of(participant.key)
             number = run.join(participant, self._clock())
             self._advance(run_id, run)
             self._save(run_id, run)
             self._cond.notify_all()
+            if previous is not None and previous != participant.id:
+                self._rounds.notify_all()  # the old incarnation's wait must end
             return number
 
     def wait_round(
@@ -138,7 +146,9 @@ class RendezvousService:
                 run.touch(key, node_id, self._clock())
                 self._advance(run_id, run)
                 result = run.wait_status(key, node_id, round_number)
-                if result.status != WaitStatus.PENDING or not self._sleep(run, deadline, is_active):
+                if result.status != WaitStatus.PENDING or not self._sleep(
+                    run, deadline, is_active, self._rounds
+                ):
                     return result
 
     def watch(
@@ -162,7 +172,7 @@ class RendezvousService:
                 if (
                     waiting != known_waiting
                     or run.closed
-                    or not self._sleep(run, deadline, is_active)
+                    or not self._sleep(run, deadline, is_active, self._cond)
                 ):
                     return waiting, run.closed
 
@@ -172,14 +182,14 @@ class RendezvousService:
             run.leave(key, node_id)
             self._advance(run_id, run)
             self._save(run_id, run)
-            self._cond.notify_all()
+            self._notify_all()
 
     def set_closed(self, run_id: str) -> None:
         run = self._run(run_id)
         with self._cond:
             run.set_closed()
             self._save(run_id, run)
-            self._cond.notify_all()
+            self._notify_all()
         log.info("rendezvous %r closed", run_id)
 
     def is_closed(self, run_id: str) -> bool:
@@ -200,12 +210,12 @@ class RendezvousService:
                 run.lose(key, node_id)
                 self._advance(run_id, run)
                 self._save(run_id, run)
-            self._cond.notify_all()
+            self._notify_all()
 
     def wake(self) -> None:
         """Wake every blocked call so it re-checks its state (e.g. its RPC was cancelled)."""
         with self._cond:
-            self._cond.notify_all()
+            self._notify_all()
 
     # -- internals ----------------------------------------------------------
 
@@ -227,9 +237,20 @@ class RendezvousService:
             if self._on_round is not None:
                 self._on_round(run_id, closed_round)
         if closed_round is not None or (run.number, run.joining_count) != before:
-            self._cond.notify_all()
+            self._notify_all()
 
-    def _sleep(self, run: RoundStateMachine, deadline: float, is_active: Callable) -> bool:
+    def _notify_all(self) -> None:
+        """Wake every blocked call, watchers and round waiters (call under the lock)."""
+        self._cond.notify_all()
+        self._rounds.notify_all()
+
+    def _sleep(
+        self,
+        run: RoundStateMachine,
+        deadline: float,
+        is_active: Callable,
+        cond: threading.Condition,
+    ) -> bool:
         """Wait for a change or the run's next deadline; False when the call should return."""
         now = self._clock()
         if now >= deadline or not is_active():
@@ -239,7 +260,7 @@ class RendezvousService:
         if next_deadline is not None:
             wake_at = min(wake_at, next_deadline)
         # A tiny floor keeps a deadline that is due "now" from spinning on float rounding.
-        self._cond.wait(max(wake_at - now, 0.001))
+        cond.wait(max(wake_at - now, 0.001))
         return True
 
     def _save(self, run_id: str, run: RoundStateMachine) -> None:
