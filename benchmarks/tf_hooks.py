@@ -8,10 +8,11 @@ figure is what a user feels: the records the cluster trained divided by the wall
 first step of any task to the end of the last one (each task logs its training seconds at its
 end, with a timestamp). The records are counted, not derived from steps: every trainer logs
 the record ids of each step it trains (`--log-trained-ids`, in both modes), and each mode's
-count is shown, so a mode cannot look faster by training fewer records (a short last batch,
-or a trainer that stopped early). Per-task rates alone would mislead: with fixed input
-splits fast workers finish early and sit idle while the slowest one ends the job. Ends with
-one JSON line.
+count is shown, so a mode cannot look faster by training fewer records. (It did: the job
+keeps spare worker slots in TF_CONFIG for scaling up, and the plain input split the records
+over every slot, so its runs trained 3/5 of them; here the job has no spare slot.) Per-task
+rates alone would mislead: with fixed input splits fast workers finish early and sit idle
+while the slowest one ends the job. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
     ids_prefix = os.path.join(run_dir, "trained")
     command += ["--log-trained-ids", ids_prefix]
     job["command"] = command
+    # No spare worker slots: the plain input splits the records over the trainers TF_CONFIG
+    # lists, so slots without a process (the default keeps some for scaling up) would leave
+    # their share untrained and the baseline would train fewer records than the data holds.
+    job["worker"]["max_replicas"] = job["worker"]["replicas"]
     job["workdir"] = workdir
     job["name"] = f"bench-{mode}"
     spec_path = os.path.join(workdir, f"job-{mode}.yaml")
