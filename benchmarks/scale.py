@@ -233,6 +233,7 @@ class SimPlan:
     warmup: float
     seconds: float
     coalesce_s: float  # 0: a progress message per step; else one per this many seconds
+    unary: bool = False  # coalesced reports as unary calls instead of on a stream
 
 
 class _Stats:
@@ -316,7 +317,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
         nonlocal upcoming
         await window.started.wait()
         begin, end = window.begin, window.end
-        call = stub.StreamProgress(metadata=md)
+        call = None if plan.unary else stub.StreamProgress(metadata=md)
         shard = await get_shard()
         step = 0
         pending: dict[int, int] = {}  # shard id -> records consumed, not reported yet
@@ -347,7 +348,10 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 pending.clear()
                 unsent = 0
                 next_flush = started + plan.coalesce_s
-                await call.write(request)
+                if plan.unary:
+                    await stub.ReportProgress(request, metadata=md, timeout=30)
+                else:
+                    await call.write(request)
                 timed("stream_write", started)
                 if begin <= started < end:
                     stats.messages += 1
@@ -363,20 +367,24 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
             t += 1 / STEPS_PER_S
         if silent:
             await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
-            call.cancel()
+            if call is not None:
+                call.cancel()
             return
         if upcoming is not None:
             await upcoming
+        t0 = clock()
         if pending:
             reports = [
                 data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in pending.items()
             ]
-            await call.write(
-                data_pb2.ReportProgressRequest(node=ref, dataset=DATASET, reports=reports)
-            )
-        t0 = clock()
-        await call.done_writing()
-        await call
+            last = data_pb2.ReportProgressRequest(node=ref, dataset=DATASET, reports=reports)
+            if call is None:
+                await stub.ReportProgress(last, metadata=md, timeout=30)
+            else:
+                await call.write(last)
+        if call is not None:
+            await call.done_writing()
+            await call
         stats.drain = max(stats.drain, clock() - t0)
 
     try:
@@ -480,7 +488,7 @@ def _create_dataset(addr: str, token: str, node: tuple[str, int, int]) -> None:
 def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     """Simulate `n` workers (and their PS) against a fresh master; the figures of this N."""
     ps = max(1, n // PS_PER_WORKERS)
-    coalesce = COALESCE_SECONDS if args.progress == "coalesced" else 0.0
+    coalesce = 0.0 if args.progress == "per-step" else COALESCE_SECONDS
     children: list[_Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
@@ -496,7 +504,14 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             sims = []
             for i, share in enumerate(shares):
                 plan = SimPlan(
-                    addr, token, tuple(share), silent, args.warmup, args.seconds, coalesce
+                    addr,
+                    token,
+                    tuple(share),
+                    silent,
+                    args.warmup,
+                    args.seconds,
+                    coalesce,
+                    args.progress == "coalesced-unary",
                 )
                 sims.append(_Child(ctx, f"sim-{i}", _sim_main, plan))
             children.extend(sims)
@@ -564,7 +579,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
-        "progress": "coalesced" if coalesce else "per-step",
+        "progress": args.progress,
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
@@ -727,7 +742,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-processes", type=int, default=SIM_PROCESSES)
     p.add_argument(
         "--progress",
-        choices=("coalesced", "per-step"),
+        choices=("coalesced", "per-step", "coalesced-unary"),
         default="coalesced",
         help="coalesced: a progress report per worker per second carrying its steps (what "
         "ShardedDataset sends where the platform keeps position files: local); per-step: one "

@@ -69,6 +69,12 @@ class ProgressStream:
         self._position = (
             PositionFile(stream_position_path(position_file)) if position_file else None
         )
+        if self._position is not None:
+            log.info(
+                "progress reported every %gs; each step's position kept in %s",
+                flush_seconds,
+                self._position.path,
+            )
         self._flush_seconds = flush_seconds
         self._pending_lock = threading.Lock()
         self._pending: dict[str, dict[int, int]] = {}
