@@ -535,6 +535,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                 events = _ask(master, "detected", "reading events")[1]
                 detected = [t for nid, t in events if nid == silent]
                 false_lost = len({nid for nid, _ in events if nid != silent})
+                false_times = sorted(t - begin for nid, t in events if nid != silent)
                 if detected or time.monotonic() >= deadline:
                     break
                 time.sleep(0.2)
@@ -548,6 +549,11 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     errors = [e for r in results for e in r["errors"]]
     if errors:
         log.warning("N=%d: %d simulated node(s) failed; first: %s", n, len(errors), errors[0])
+        log.info(
+            "N=%d: failed nodes per simulator process: %s",
+            n,
+            [len(r["errors"]) for r in results],
+        )
     latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
     late = array("d")
     for r in results:
@@ -590,6 +596,10 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         else None,
         "heartbeat_timeout_s": args.heartbeat_timeout,
         "false_lost_nodes": false_lost,  # live nodes the master declared lost (too slow)
+        # When the first and the median of those losses happened (seconds from the window).
+        "false_lost_at_s": [round(false_times[0], 1), round(false_times[len(false_times) // 2], 1)]
+        if false_times
+        else None,
         "nodes_failed": len(errors),
         # Per message received: progress messages, heartbeats and shard asks.
         "master_cpu_us_per_message": round(
