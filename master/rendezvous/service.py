@@ -66,6 +66,11 @@ class RendezvousService:
         self._rounds = threading.Condition(lock)  # a round closed, or a member left or died
         self._runs: dict[str, RoundStateMachine] = {}
         self._saved: dict[str, int] = {}  # per run, the version of the last record written
+        # Group commit of joins and leaves (see _commit): one writer at a time, outside the
+        # state lock; `_store_lock` keeps an older record from overwriting a newer one.
+        self._durable = threading.Condition(threading.Lock())
+        self._writing = False
+        self._store_lock = threading.Lock()
         # Until resume(): the nodes of the loaded rounds are not known to the job yet.
         self._resuming = False
         if store is not None:
@@ -122,11 +127,12 @@ class RendezvousService:
             previous = run.id_of(participant.key)
             number = run.join(participant, self._clock())
             self._advance(run_id, run)
-            self._save(run_id, run)
             self._cond.notify_all()
             if previous is not None and previous != participant.id:
                 self._rounds.notify_all()  # the old incarnation's wait must end
-            return number
+            version = run.version
+        self._commit(run_id, run, version)  # stored before the node learns its round
+        return number
 
     def wait_round(
         self,
@@ -181,8 +187,9 @@ class RendezvousService:
         with self._cond:
             run.leave(key, node_id)
             self._advance(run_id, run)
-            self._save(run_id, run)
             self._notify_all()
+            version = run.version
+        self._commit(run_id, run, version)
 
     def set_closed(self, run_id: str) -> None:
         run = self._run(run_id)
@@ -267,10 +274,50 @@ class RendezvousService:
         """Write the run's record if it changed since the last write (called under the lock)."""
         if self._store is None or self._saved.get(run_id) == run.version:
             return
-        raw = json.dumps(run.snapshot(), sort_keys=True).encode()
-        with self._store.transaction():
-            self._store.put(TABLE, run_id, raw)
-        self._saved[run_id] = run.version
+        self._write(run_id, run.version, json.dumps(run.snapshot(), sort_keys=True).encode())
+
+    def _write(self, run_id: str, version: int, raw: bytes) -> None:
+        """Store the record of `version` unless a later one is stored; wake who it covers."""
+        with self._store_lock:
+            if self._saved.get(run_id, -1) >= version:
+                return
+            with self._store.transaction():
+                self._store.put(TABLE, run_id, raw)
+            with self._durable:
+                self._saved[run_id] = version
+                self._durable.notify_all()
+
+    def _commit(self, run_id: str, run: RoundStateMachine, version: int) -> None:
+        """Return once the run's record of `version` (or later) is stored: group commit.
+
+        Called without the state lock. One caller at a time writes the run as it is then,
+        which covers every change made so far; the others wait and are woken together. At
+        256 joining nodes that is a handful of writes instead of one per join, each of which
+        made a JSON record of every node while holding the lock every call needs."""
+        if self._store is None:
+            return
+        with self._durable:
+            while self._saved.get(run_id, -1) < version:
+                if not self._writing:
+                    self._writing = True
+                    break
+                self._durable.wait()
+            else:
+                return
+        try:
+            with self._cond:
+                latest = run.version
+                raw = (
+                    None
+                    if self._saved.get(run_id) == latest
+                    else json.dumps(run.snapshot(), sort_keys=True).encode()
+                )
+            if raw is not None:
+                self._write(run_id, latest, raw)
+        finally:
+            with self._durable:
+                self._writing = False
+                self._durable.notify_all()  # a waiter not covered becomes the writer
 
 
 def _check_run_id(run_id: str) -> None:
