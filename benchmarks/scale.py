@@ -665,16 +665,20 @@ def run_rendezvous(n: int, c10d_timeout: float, ctx) -> dict:
 
 def targets(top: dict, rdzv: dict | None) -> dict:
     """Each target of the issue, met or not (None: not measured in this run)."""
+    # Every node served: none declared lost but the silent one, 95% of the steps sent. The
+    # CPU and memory targets are for that load: a master that lost half its nodes uses less.
+    kept_up = (
+        top["false_lost_nodes"] == 0
+        and top["nodes_failed"] == 0
+        and top["steps_per_worker_per_s"] >= 0.95 * STEPS_PER_S
+    )
     out = {
-        "cpu_le_1_core": top["master_cpu_cores"] <= TARGET_CPU_CORES,
-        "rss_le_500_mb": top["master_rss_mb"] <= TARGET_RSS_MB,
+        "cpu_le_1_core": kept_up and top["master_cpu_cores"] <= TARGET_CPU_CORES,
+        "rss_le_500_mb": kept_up and top["master_rss_mb"] <= TARGET_RSS_MB,
         "rpc_p99_le_50_ms": top["rpc_p99_ms"] <= TARGET_P99_MS,
         "detected_within_timeout_plus_1_s": top["lost_node_detected_s"] is not None
         and top["lost_node_detected_s"] <= top["heartbeat_timeout_s"] + TARGET_DETECT_SLACK_S,
-        # Every node served: none declared lost but the silent one, 95% of the steps sent.
-        "all_nodes_kept_up": top["false_lost_nodes"] == 0
-        and top["nodes_failed"] == 0
-        and top["steps_per_worker_per_s"] >= 0.95 * STEPS_PER_S,
+        "all_nodes_kept_up": kept_up,
         "rendezvous_256_le_1_s": None,
         "rendezvous_256_not_slower_than_c10d": None,
     }
