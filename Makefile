@@ -35,6 +35,7 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/tf_hooks.py
+	$(BIN)/python benchmarks/scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
