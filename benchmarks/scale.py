@@ -28,24 +28,29 @@ the top level, every N under "sweep").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import multiprocessing
 import os
-import random
 import resource
-import secrets
-import signal
 import sys
 import tempfile
-import threading
 import time
 from array import array
-from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scale_master import READY_TIMEOUT_S, master_main, serve_rendezvous  # noqa: E402
+from scale_nodes import (  # noqa: E402
+    BATCH_SIZE,
+    DATASET,
+    HEARTBEAT_HZ,
+    RECORDS_PER_SHARD,
+    STEPS_PER_S,
+    UNARY_KINDS,
+    SimPlan,
+    sim_main,
+)
 from sharding import _Child, _CpuMeter, _sleep_until, percentile  # noqa: E402
 
 log = logging.getLogger("bench.scale")
@@ -53,14 +58,8 @@ log = logging.getLogger("bench.scale")
 DEFAULT_NODES = (100, 300, 1000)
 PS_PER_WORKERS = 50  # one PS node per 50 workers (at least one)
 SIM_PROCESSES = 4
-HEARTBEAT_HZ = 1.0
-STEPS_PER_S = 10.0
-BATCH_SIZE = 64
-RECORDS_PER_SHARD = BATCH_SIZE * 16
-DATASET = "scale"
 DATASET_SIZE = 10**9  # never runs out
 HEARTBEAT_TIMEOUT_S = 15.0  # the job spec's default
-HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
 COALESCE_SECONDS = 1.0  # as master.client.progress.COALESCE_SECONDS
 RENDEZVOUS_NODES = 256
 C10D_TIMEOUT_S = 60.0
@@ -70,392 +69,7 @@ TARGET_P99_MS = 50.0
 TARGET_DETECT_SLACK_S = 1.0
 TARGET_RENDEZVOUS_S = 1.0
 START_MARGIN_S = 1.0  # between "every node registered" and the common start
-READY_TIMEOUT_S = 180.0
 RESULT_GRACE_S = 120.0
-UNARY_KINDS = ("heartbeat", "get_shard")
-# A connection per simulated node (by default gRPC shares one per process), keepalive as
-# MasterClient sets it.
-CHANNEL_OPTIONS = (
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.keepalive_time_ms", 2_000),
-    ("grpc.keepalive_timeout_ms", 2_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-
-
-# -- the master, in its own process -------------------------------------------------------------
-
-
-def _simulated_platform():
-    """A platform whose nodes are simulated elsewhere: launching does nothing, a kill ends the
-    incarnation at once (its exit event), as a real platform reports a killed process."""
-    from master.platform.api import NodeEvent, Platform
-
-    class SimulatedPlatform(Platform):
-        def __init__(self) -> None:
-            super().__init__()
-            self._running: dict[int, tuple[str, int]] = {}
-            self._lock = threading.Lock()
-
-        def address_for(self, node_type: str, rank: int) -> str:
-            return f"sim-{node_type}-{rank}:2222"
-
-        def launch(self, spec) -> None:
-            with self._lock:
-                self._running[spec.id] = (spec.type, spec.rank)
-
-        def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
-            with self._lock:
-                node = self._running.pop(node_id, None)
-            if node is None:
-                return False
-            self.events.put(NodeEvent(node[0], node[1], node_id, exit_code=-sig))
-            return True
-
-        def stop_node(self, node_id: int, grace_seconds: float) -> None:
-            self.signal_node(node_id, signal.SIGTERM)
-
-        def shutdown(self, grace_seconds: float) -> None:
-            with self._lock:
-                self._running.clear()
-
-    return SimulatedPlatform()
-
-
-def _master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> None:
-    """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
-
-    Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
-    threads); "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
-    import psutil
-
-    from master.cli.submit import rpc_threads
-    from master.config import parse_job_spec
-    from master.job.master import JobMaster, JobRuntime
-    from master.observability.endpoint import Observability
-    from master.rpc.server import start_server
-    from master.state.sqlite import SQLiteStateStore
-
-    detected: list[tuple[int, float]] = []
-
-    def on_event(event) -> None:
-        if event.kind == "heartbeat_lost":
-            detected.append((event.node_id, time.monotonic()))
-
-    spec = parse_job_spec(
-        {
-            "name": "bench-scale",
-            "command": ["true"],
-            "worker": {"replicas": workers, "max_relaunches": 100_000},
-            "ps": {"replicas": ps, "max_relaunches": 100_000},
-            "heartbeat_timeout_seconds": timeout_s,
-            # A node falsely declared lost is counted (false_lost_nodes); its relaunch must
-            # not end the job and take every other node's figures with it.
-            "max_relaunches": 100_000,
-        },
-        source="bench",
-        base_dir=tmp_dir,
-    )
-    store = SQLiteStateStore(os.path.join(tmp_dir, "state.sqlite"))
-    platform = _simulated_platform()
-    runtime = JobRuntime(run_dir=tmp_dir, master_addr="", token_file="")
-    job = JobMaster(spec, platform, store, runtime, on_event=on_event)
-    observability = Observability(job, "127.0.0.1", 0)
-    token = secrets.token_urlsafe(32)
-    server, port = start_server(
-        job,
-        "127.0.0.1",
-        0,
-        token,
-        rpc_threads(512, spec),  # as `dlrover submit` with the default MasterConfig
-        HEARTBEAT_INTERVAL_MS,
-        interceptors=observability.interceptors(),
-    )
-    runtime.master_addr = f"127.0.0.1:{port}"
-    runner = threading.Thread(target=job.run, name="job", daemon=True)
-    runner.start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:  # every node launched (marked running)
-        current = job.nodes.all_current()
-        if len(current) == workers + ps and all(n.state.value == "running" for n in current):
-            break
-        time.sleep(0.05)
-    nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
-    conn.send(("ready", port, token, nodes))
-    me = psutil.Process()
-    peak = [0.0]
-
-    def sample_rss() -> None:
-        while runner.is_alive():
-            peak[0] = max(peak[0], me.memory_info().rss / 2**20)
-            time.sleep(0.1)
-
-    threading.Thread(target=sample_rss, name="rss", daemon=True).start()
-    try:
-        while True:
-            try:
-                request = conn.recv()
-            except (EOFError, OSError):
-                break
-            if request == "cpu":
-                t = os.times()
-                rss = me.memory_info().rss / 2**20
-                peak[0] = max(peak[0], rss)
-                conn.send(
-                    ("cpu", t.user + t.system, time.monotonic(), rss, peak[0], me.num_threads())
-                )
-            elif request == "detected":
-                conn.send(("detected", list(detected)))
-            else:
-                break
-    finally:
-        job.request_stop("benchmark done")
-        runner.join(10)
-        server.stop(grace=0).wait()
-        observability.stop()
-        store.close()
-
-
-# -- simulated nodes (asyncio, a few processes) -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SimPlan:
-    """What one simulator process runs."""
-
-    addr: str
-    token: str
-    nodes: tuple[tuple[str, int, int], ...]  # (type, rank, id)
-    silent_id: int  # the node that goes silent at the window's start (0: none here)
-    warmup: float
-    seconds: float
-    coalesce_s: float  # 0: a progress message per step; else one per this many seconds
-    unary: bool = False  # coalesced reports as unary calls instead of on a stream
-
-
-class _Stats:
-    """Latencies (seconds, of calls ending in the window) and counts of one process."""
-
-    def __init__(self) -> None:
-        self.latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
-        self.steps = 0  # steps taken in the window
-        self.messages = 0  # progress messages sent in the window
-        self.shards = 0  # shards whose last step was reported in the window
-        self.late = array("d")  # how late each step started against its schedule
-        self.drain = 0.0
-        self.silent_last_beat = 0.0
-        self.errors: list[str] = []
-        self.registered = 0
-        self.all_registered: asyncio.Event | None = None
-
-
-class _Window:
-    """The measured window of a simulator process, known once the parent gives the start."""
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.begin = self.end = float("inf")
-
-    def open(self, start_at: float, warmup: float, seconds: float) -> None:
-        self.begin = start_at + warmup
-        self.end = self.begin + seconds
-        self.started.set()
-
-
-async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, stats) -> None:
-    """One node: registers and heartbeats from then on (so no node looks lost while the others
-    register); a worker starts taking shards and stepping at the common start."""
-    import grpc
-
-    from master.client import TOKEN_METADATA_KEY
-
-    common_pb2, data_pb2, nodes_pb2 = pb
-    node_type, rank, node_id = node
-    md = ((TOKEN_METADATA_KEY, plan.token),)
-    ref = common_pb2.NodeRef(type=node_type, rank=rank, id=node_id)
-    channel = grpc.aio.insecure_channel(plan.addr, options=CHANNEL_OPTIONS)
-    stub = stub_cls(channel)
-    clock = time.monotonic
-    silent = node_id == plan.silent_id
-    upcoming = None
-
-    def stop_at() -> float:  # the window's end; the silent node's silence starts with it
-        return window.begin if silent else window.end
-
-    def timed(kind: str, t0: float) -> None:
-        t1 = clock()
-        if window.begin <= t1 < window.end:
-            stats.latency[kind].append(t1 - t0)
-
-    async def heartbeats() -> None:
-        stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
-        request = nodes_pb2.HeartbeatRequest(node=ref, stats=stat)
-        t = clock() + random.random() / HEARTBEAT_HZ
-        while t < stop_at():
-            await asyncio.sleep(max(0.0, t - clock()))
-            t0 = clock()
-            await stub.Heartbeat(request, metadata=md, timeout=30)
-            if silent:
-                stats.silent_last_beat = t0
-            timed("heartbeat", t0)
-            t += 1 / HEARTBEAT_HZ
-
-    async def get_shard():
-        t0 = clock()
-        reply = await stub.GetShard(
-            data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0), metadata=md, timeout=30
-        )
-        timed("get_shard", t0)
-        if reply.status != data_pb2.GetShardReply.SHARD:
-            raise RuntimeError(f"GetShard answered status {reply.status}, not SHARD")
-        return reply.shard
-
-    async def steps() -> None:
-        nonlocal upcoming
-        await window.started.wait()
-        begin, end = window.begin, window.end
-        call = None if plan.unary else stub.StreamProgress(metadata=md)
-        shard = await get_shard()
-        step = 0
-        pending: dict[int, int] = {}  # shard id -> records consumed, not reported yet
-        unsent = 0
-        next_flush = begin - plan.warmup + random.random() * plan.coalesce_s
-        t = begin - plan.warmup + random.random() / STEPS_PER_S
-        while t < stop_at():
-            now = clock()
-            await asyncio.sleep(max(0.0, t - now))
-            started = clock()
-            size = shard.end - shard.start
-            done = min(size, (step % 16 + 1) * BATCH_SIZE)
-            step += 1
-            pending[shard.shard_id] = done
-            unsent += 1
-            if started >= next_flush:  # per step, or once per interval when coalescing
-                request = data_pb2.ReportProgressRequest(
-                    node=ref,
-                    dataset=DATASET,
-                    reports=[
-                        data_pb2.ProgressReport(shard_id=s, records_consumed=c)
-                        for s, c in pending.items()
-                    ],
-                    global_step=step,
-                )
-                if plan.coalesce_s:
-                    request.steps = unsent
-                pending.clear()
-                unsent = 0
-                next_flush = started + plan.coalesce_s
-                if plan.unary:
-                    await stub.ReportProgress(request, metadata=md, timeout=30)
-                else:
-                    await call.write(request)
-                timed("stream_write", started)
-                if begin <= started < end:
-                    stats.messages += 1
-            if begin <= started < end:
-                stats.steps += 1
-                stats.late.append(max(0.0, started - t))
-            if done >= size - BATCH_SIZE and upcoming is None:
-                upcoming = asyncio.ensure_future(get_shard())  # prefetch, a step ahead
-            if done >= size:
-                if begin <= started < end:
-                    stats.shards += 1
-                shard, upcoming = await upcoming, None
-            t += 1 / STEPS_PER_S
-        if silent:
-            await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
-            if call is not None:
-                call.cancel()
-            return
-        if upcoming is not None:
-            await upcoming
-        t0 = clock()
-        if pending:
-            reports = [
-                data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in pending.items()
-            ]
-            last = data_pb2.ReportProgressRequest(node=ref, dataset=DATASET, reports=reports)
-            if call is None:
-                await stub.ReportProgress(last, metadata=md, timeout=30)
-            else:
-                await call.write(last)
-        if call is not None:
-            await call.done_writing()
-            await call
-        stats.drain = max(stats.drain, clock() - t0)
-
-    try:
-        async with sem:
-            await stub.RegisterNode(
-                nodes_pb2.RegisterRequest(node=ref, host="sim", pid=os.getpid()),
-                metadata=md,
-                timeout=60,
-            )
-        stats.registered += 1
-        if stats.registered == len(plan.nodes):
-            stats.all_registered.set()
-        tasks = [heartbeats()]
-        if node_type == "worker":
-            tasks.append(steps())
-        await asyncio.gather(*tasks)
-    except asyncio.CancelledError:
-        pass
-    except Exception as e:
-        stats.errors.append(f"{node_type}-{rank}: {e!r}"[:300])
-        stats.all_registered.set()  # a node that cannot register must not hang the start
-    finally:
-        if upcoming is not None:
-            upcoming.cancel()
-        await channel.close(grace=None)
-
-
-async def _sim_run(conn, plan: SimPlan, stats: _Stats) -> None:
-    from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
-
-    stats.all_registered = asyncio.Event()
-    window = _Window()
-    sem = asyncio.Semaphore(64)  # registrations under way at once
-    pb = (common_pb2, data_pb2, nodes_pb2)
-    nodes = asyncio.gather(
-        *(
-            _sim_node(master_pb2_grpc.MasterStub, pb, plan, n, window, sem, stats)
-            for n in plan.nodes
-        )
-    )
-    await stats.all_registered.wait()
-    conn.send(("ready",))
-    start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-    window.open(start_at, plan.warmup, plan.seconds)
-    await nodes
-
-
-def _sim_main(conn, plan: SimPlan) -> None:
-    """Entry of a simulator process: register its nodes, run them, send the figures."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="[sim] %(levelname)s %(message)s")
-    stats = _Stats()
-    try:
-        asyncio.run(_sim_run(conn, plan, stats))
-    except Exception as e:
-        stats.errors.append(repr(e))
-    conn.send(
-        (
-            "done",
-            {
-                "latency": {k: v.tobytes() for k, v in stats.latency.items()},
-                "steps": stats.steps,
-                "messages": stats.messages,
-                "shards": stats.shards,
-                "late": stats.late.tobytes(),
-                "drain": stats.drain,
-                "silent_last_beat": stats.silent_last_beat,
-                "errors": stats.errors,
-            },
-        )
-    )
 
 
 # -- one N --------------------------------------------------------------------------------------
@@ -492,7 +106,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     children: list[_Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
-            master = _Child(ctx, "master", _master_main, tmp, n, ps, args.heartbeat_timeout)
+            master = _Child(ctx, "master", master_main, tmp, n, ps, args.heartbeat_timeout)
             children.append(master)
             _, port, token, nodes = master.recv(READY_TIMEOUT_S, "starting the job")
             addr = f"127.0.0.1:{port}"
@@ -513,7 +127,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     coalesce,
                     args.progress == "coalesced-unary",
                 )
-                sims.append(_Child(ctx, f"sim-{i}", _sim_main, plan))
+                sims.append(_Child(ctx, f"sim-{i}", sim_main, plan))
             children.extend(sims)
             for sim in sims:
                 sim.recv(READY_TIMEOUT_S, "registering nodes")
@@ -618,19 +232,6 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
 # -- the 256-node rendezvous --------------------------------------------------------------------
 
 
-def _serve_rendezvous(conn, state_path: str) -> None:
-    from master.rpc.standalone import start_standalone_master
-
-    logging.basicConfig(level=logging.WARNING)
-    server, port, token = start_standalone_master(max_workers=2048, state_path=state_path)
-    conn.send(("ready", port, token))
-    try:
-        conn.recv()
-    except (EOFError, OSError):
-        pass
-    server.stop(grace=0).wait()
-
-
 def run_rendezvous(n: int, c10d_timeout: float, ctx) -> dict:
     """One n-node rendezvous through our master (SQLite state) and through torch's c10d."""
     from datetime import timedelta
@@ -640,7 +241,7 @@ def run_rendezvous(n: int, c10d_timeout: float, ctx) -> dict:
     for name in ("dlrover_torch", "torch.distributed.elastic"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="bench-scale-rdzv-") as tmp:
-        server = _Child(ctx, "rendezvous-master", _serve_rendezvous, os.path.join(tmp, "s.db"))
+        server = _Child(ctx, "rendezvous-master", serve_rendezvous, os.path.join(tmp, "s.db"))
         try:
             _, port, token = server.recv(READY_TIMEOUT_S, "starting")
             ours = rdzv.measure_master(f"127.0.0.1:{port}", token, n, "scale")
@@ -727,7 +328,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"us/msg: its CPU per message\n(progress messages, heartbeats, shard asks); "
         f"detect s: last heartbeat of the silent node to the master's heartbeat_lost\n"
         f"(timeout {args.heartbeat_timeout:g} s); lost: live nodes the master declared lost; "
-        f"steps/w/s: progress messages per worker per second that the simulator achieved "
+        f"steps/w/s: steps per worker per second that the simulator achieved "
         f"(target {STEPS_PER_S:g}).\n"
     )
     if rdzv:
