@@ -127,11 +127,13 @@ class RendezvousService:
             previous = run.id_of(participant.key)
             number = run.join(participant, self._clock())
             self._advance(run_id, run)
+            version = run.version
+        # Stored before the node learns its round, and before a watcher learns of the join.
+        self._commit(run_id, run, version)
+        with self._cond:
             self._cond.notify_all()
             if previous is not None and previous != participant.id:
                 self._rounds.notify_all()  # the old incarnation's wait must end
-            version = run.version
-        self._commit(run_id, run, version)  # stored before the node learns its round
         return number
 
     def wait_round(
@@ -187,9 +189,10 @@ class RendezvousService:
         with self._cond:
             run.leave(key, node_id)
             self._advance(run_id, run)
-            self._notify_all()
             version = run.version
         self._commit(run_id, run, version)
+        with self._cond:
+            self._notify_all()
 
     def set_closed(self, run_id: str) -> None:
         run = self._run(run_id)
@@ -236,10 +239,13 @@ class RendezvousService:
     def _advance(self, run_id: str, run: RoundStateMachine) -> None:
         """Apply time to a run (leases, last call); persist and wake waiters on a change."""
         before = (run.number, run.joining_count)
+        version = run.version
         closed_round = run.advance(self._clock())
         # A lease that ran out or a round that closed changes the record: saved before any
-        # caller learns of the change.
-        self._save(run_id, run)
+        # caller learns of the change. (A join or leave that comes with it is saved with it;
+        # alone, it is saved by its own call's group commit.)
+        if run.version != version:
+            self._save(run_id, run)
         if closed_round is not None:
             if self._on_round is not None:
                 self._on_round(run_id, closed_round)
