@@ -16,11 +16,14 @@ import json
 import logging
 import os
 import struct
+import zlib
 
 log = logging.getLogger(__name__)
 
-# Header: the write's sequence number and the JSON payload's length; the payload follows.
-_HEADER = struct.Struct("<QI")
+# Header: the write's sequence number, the JSON payload's length and its CRC-32; the payload
+# follows. The checksum matters for a reader racing the writer (the master reads a live
+# trainer's file before a ledger snapshot): a torn record is ignored, never half-read.
+_HEADER = struct.Struct("<QII")
 MAX_POSITION_BYTES = 1 << 20  # a reader never takes more than this from a file
 
 
@@ -50,7 +53,8 @@ class PositionFile:
         self._seq += 1
         # One pwrite: a killed process leaves either the previous record or this one (a longer
         # old record's tail is beyond the new length, so it is never read).
-        os.pwrite(self._fd, _HEADER.pack(self._seq, len(payload)) + payload, 0)
+        header = _HEADER.pack(self._seq, len(payload), zlib.crc32(payload))
+        os.pwrite(self._fd, header + payload, 0)
 
     def close(self) -> None:
         """Release the descriptor (the file stays for the platform to read)."""
@@ -69,9 +73,9 @@ def read_positions(path: str) -> dict[str, list[tuple[int, int]]]:
         return {}
     if len(data) < _HEADER.size:
         return {}
-    _, length = _HEADER.unpack_from(data)
+    _, length, crc = _HEADER.unpack_from(data)
     payload = data[_HEADER.size : _HEADER.size + length]
-    if len(payload) != length:
+    if len(payload) != length or zlib.crc32(payload) != crc:
         return {}
     try:
         raw = json.loads(payload)

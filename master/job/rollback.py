@@ -15,6 +15,7 @@ from master.nodes.model import TRAINING_TYPES
 if TYPE_CHECKING:
     from master.job.checkpoints import Checkpoint, CheckpointRegistry
     from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
     from master.sharding.service import ShardingService
 
 MODEL_RESTORED = "model_restored"  # the chief reported the step it restored
@@ -53,7 +54,20 @@ class RollbackMixin:
     nodes: NodeManager
     sharding: ShardingService
     checkpoints: CheckpointRegistry
+    platform: Platform
     _emit: Callable[..., Any]
+
+    def catch_up_positions(self) -> int:
+        """Apply every running trainer's latest position that its platform can read (steps
+        its coalesced reports have not carried yet), so a ledger snapshot saved now counts
+        every step taken so far, as with a report per step. Returns the positions applied."""
+        applied = 0
+        for node in self.nodes.all_current():
+            if node.type in TRAINING_TYPES and not node.state.ended:
+                applied += self.sharding.apply_positions(
+                    node.id, self.platform.read_positions(node.id)
+                )
+        return applied
 
     def _free_held_shards(self) -> None:
         """The model is lost until the chief restores it: every trainer's held shards go back

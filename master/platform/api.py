@@ -80,6 +80,11 @@ class Platform(abc.ABC):
 
     # -- resuming a job under a restarted master --------------------------------
 
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """A running node's latest data positions from its position files (see
+        master.client.position), where this platform can read them; {} elsewhere."""
+        return {}
+
     def handle(self, node_id: int) -> dict[str, Any]:
         """What a later master instance needs to adopt this running node (kept in the state,
         as JSON: plain strings and numbers)."""

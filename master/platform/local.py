@@ -235,6 +235,12 @@ class LocalPlatform(Platform):
             )
         )
 
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """The node's position files as they are now (left in place for its end)."""
+        with self._lock:
+            run = self._running.get(node_id)
+        return {} if run is None else collect_positions(position_base_for(run.spec), remove=False)
+
     def handle(self, node_id: int) -> dict[str, int]:
         """What a later master needs to adopt the node: the pid of its process-group leader."""
         with self._lock:

@@ -304,6 +304,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._node(request.node)
         if request.global_step < 0:
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        # Trainers that coalesce their reports: what they trained so far counts in the
+        # snapshot (the model saved after it holds it), as with a report per step.
+        self.job.catch_up_positions()
         if not request.dataset:  # every dataset (a checkpoint the chief makes on request)
             for name in self.job.sharding.names():
                 self.job.sharding.save_snapshot(name, request.global_step)

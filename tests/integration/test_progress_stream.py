@@ -241,3 +241,30 @@ def test_the_local_platform_hands_a_killed_nodes_positions_back(tmp_path):
         assert decode_positions(event.details[POSITIONS_DETAIL]) == {"d": [(3, 40)]}
     finally:
         platform.shutdown(1)
+
+
+def test_a_ledger_snapshot_counts_the_steps_coalesced_reports_have_not_carried_yet(
+    harness, tmp_path, monkeypatch
+):
+    """The chief saves the ledger just before the model: steps the workers took but have not
+    reported yet (coalescing) are in the model, so the snapshot must count them, as it did
+    with a report per step; the master reads them from the trainers' position files."""
+    from master.client.position import collect_positions
+
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    base = str(tmp_path / "worker-0.position")
+    stream = ProgressStream(c, position_file=base, flush_seconds=3600)
+    for step, consumed in enumerate(range(10, 71, 10), start=1):
+        stream.send("d", [(shard.shard_id, consumed)], global_step=step)
+    node = harness.nodes[0]
+    monkeypatch.setattr(
+        harness.job.platform,
+        "read_positions",
+        lambda node_id: collect_positions(base, remove=False) if node_id == node.id else {},
+    )
+    snapshot = c.save_ledger("d", 7)
+    assert snapshot.records_done == 70  # nothing was sent on the stream yet
+    assert harness.job.sharding.stats()[0].records_done == 70
+    stream.close()

@@ -91,3 +91,16 @@ def test_positions_an_ended_holder_left_are_applied_unless_stale(tmp_path):
     assert applied == 1  # the other holder's shard and an unknown dataset are skipped
     assert svc.release("d", 1) == 30  # only the unconsumed remainder goes back
     svc.close()
+
+
+def test_a_torn_record_is_ignored(tmp_path):
+    path = str(tmp_path / "p")
+    f = PositionFile(path)
+    f.write({"d": {5: 640}})
+    with open(path, "r+b") as g:  # a reader racing the writer sees one byte of the next record
+        g.seek(-3, os.SEEK_END)
+        g.write(b"7")
+    assert read_positions(path) == {}
+    f.write({"d": {5: 704}})
+    assert read_positions(path) == {"d": [(5, 704)]}
+    f.close()
