@@ -73,7 +73,8 @@ class RollbackMixin:
         """The model is lost until the chief restores it: every trainer's held shards go back
         to the queue now. Their input pipelines, blocked waiting for a shard while the others
         hold the rest, then yield, so the failed sessions can close and be rebuilt (TF waits
-        for running input ops when it closes a session)."""
+        for running input ops when it closes a session). What they trained counts first."""
+        self.catch_up_positions()
         for node in self.nodes.all_current():
             if node.type in TRAINING_TYPES:
                 self.sharding.release_everywhere(node.id)
@@ -84,6 +85,9 @@ class RollbackMixin:
         latest checkpoint the master knows of (or the start if none exists)."""
         if step is None:
             step = rollback_step(self.checkpoints.latest())
+        # Every step taken so far counts before (coalesced reports lag): the records to train
+        # again are then exactly those the restored model has not trained on.
+        self.catch_up_positions()
         before = _records_done(self.sharding.stats())
         for name in self.sharding.names():
             self.sharding.restore_snapshot(name, step)
