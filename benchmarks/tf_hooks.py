@@ -53,7 +53,7 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
     command += ["--log-trained-ids", ids_prefix]
     job["command"] = command
     # No spare worker slots: the plain input splits the records over the trainers TF_CONFIG
-    # lists, so slots without a process (the default keeps some for scaling up) would leave
+    # lists, so slots without a process (the example reserves some for scaling up) would leave
     # their share untrained and the baseline would train fewer records than the data holds.
     job["worker"]["max_replicas"] = job["worker"]["replicas"]
     job["workdir"] = workdir

@@ -97,8 +97,8 @@ def connect(env: dict[str, str] | None = None) -> Any:
 
     workers = dict(enumerate(cluster.get("worker", [])))
     if (env if env is not None else os.environ).get(ENV_MASTER_ADDR):
-        # TF_CONFIG lists every worker slot the job may scale to; the coordinator connects
-        # to each worker it lists at start, so it takes only those the master runs.
+        # TF_CONFIG may list worker slots the job reserves for scaling; the coordinator
+        # connects to each worker it lists at start, so it takes only those the master runs.
         client = MasterClient.from_env(env)
         try:
             if KVClient(client).check([DONE_KEY]):

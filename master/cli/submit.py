@@ -21,9 +21,10 @@ from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
 from master.job.autoscaler import brain_hint
 from master.job.events import INCIDENT_KINDS, ROUTINE_KINDS
+from master.job.exits import STOP_CAUSE
 from master.job.faults import Fault
 from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
-from master.nodes.model import Node
+from master.nodes.model import ExitReason, Node
 from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
 from master.rpc.server import advertised_host, job_status_pb, start_server
@@ -106,9 +107,54 @@ class ProgressPrinter:
             self.out.flush()
 
     def _loop(self) -> None:
+        hinted = False
         while not self._stop.wait(self.interval):
             if self.job is not None and not self.job.state.ended:
-                self._print(progress_line(self.job))
+                if not reports_progress(self.job):
+                    if not hinted and self.job.elapsed() >= HINT_AFTER_SECONDS:
+                        self._print(NO_REPORTS_HINT)
+                        hinted = True
+                    self._print(activity_line(self.job))
+                else:
+                    self._print(progress_line(self.job))
+
+
+# Said once by the live display of a program that has reported nothing to the master this
+# long (programs with our hooks report once TF has started).
+HINT_AFTER_SECONDS = 20.0
+# What it says: why the display shows node states and CPU, and how to get step reports.
+NO_REPORTS_HINT = (
+    "   (this program reports no steps to the master, so the display shows each node's state "
+    "and CPU use;\n    for steps and data progress use dlrover_tf's hooks (estimator) or its "
+    "Keras callback: README, 'Bring your TFJob / torchrun program')"
+)
+
+
+def reports_progress(job: JobMaster) -> bool:
+    """Whether the job's program reports to the master (steps, datasets, heartbeats)."""
+    return bool(
+        job.global_step
+        or job.sharding.stats()
+        or any(n.registered for n in job.nodes.all_current())
+    )
+
+
+def activity_line(job: JobMaster) -> str:
+    """The live line of a program without our hooks: elapsed time, each node's state and CPU
+    use (where measured), and the stuck note if the job looks stuck."""
+    nodes = sorted(job.nodes.all_current(), key=lambda n: (LAUNCH_ORDER.index(n.type), n.rank))
+    parts = [f"   [{job.elapsed():6.1f}s] no step reports"]
+    parts.append(
+        " ".join(
+            f"{n.name}:{STATE_SHORT.get(n.state.value, n.state.value)}"
+            + (f"(r{n.relaunches})" if n.relaunches else "")
+            + (f" {n.cpu_percent:.0f}%cpu" if n.state.value == "running" else "")
+            for n in nodes
+        )
+    )
+    if job.stuck_note:
+        parts.append(job.stuck_note)
+    return " | ".join(parts)
 
 
 def progress_line(job: JobMaster) -> str:
@@ -171,7 +217,11 @@ def build_summary(job: JobMaster) -> dict:
 
 
 def _diagnosis_fields(node: Node) -> dict:
-    """A failed node's classified cause and the log excerpt showing it."""
+    """A failed node's classified cause and the log excerpt showing it; for a node the master
+    stopped, why ("stopped: job done")."""
+    cause = node.extra.get(STOP_CAUSE)
+    if cause and node.exit_reason == ExitReason.STOPPED:
+        return {"note": f"stopped: {cause}"}
     diagnosis = node.extra.get("diagnosis")
     if diagnosis is None or node.state.value != "failed":
         return {}

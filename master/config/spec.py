@@ -24,6 +24,11 @@ from master.config.field_checks import (
 
 NODE_TYPES = ("ps", "chief", "worker", "evaluator")
 STRAGGLER_ACTIONS = ("report", "replace", "off")
+# When a job has succeeded (as in Kubeflow's TFJob): its chief (worker 0 without a chief) exited
+# 0, or every chief and worker did.
+SUCCESS_POLICIES = ("chief", "all_workers")
+# What a job that looks stuck (no step report, processes near idle) does: say so, or fail.
+STUCK_ACTIONS = ("report", "fail")
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,22 @@ class NodeGroupSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # merged over JobSpec.env
     cpu: float = 0.0  # requested cores, 0 = unset (platforms may use it)
     memory_mb: int = 0  # 0 = unset
-    # Most ranks run-time scaling may reach; 0 = max(2 * replicas, replicas + 2). TF needs every
-    # worker slot in the cluster spec from the start, so a PS can reach workers added later.
+    # Most ranks run-time scaling may reach; 0 = max(2 * replicas, replicas + 2).
     max_replicas: int = 0
+    # List every slot up to the slots in TF_CONFIG from the start, so TF processes can reach
+    # workers added later (a TF2 coordinator waits for every listed worker). Also implied by
+    # an explicit max_replicas. Off: TF_CONFIG lists exactly the nodes that run.
+    reserve_slots: bool = False
 
     @property
     def slots(self) -> int:
         """How many ranks this group may ever have (max_replicas, or its default)."""
         return self.max_replicas or max(2 * self.replicas, self.replicas + 2)
+
+    @property
+    def reserves_slots(self) -> bool:
+        """Whether TF_CONFIG lists all `slots` ranks rather than the ones that run."""
+        return self.reserve_slots or self.max_replicas > 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,13 @@ class JobSpec:
     # "replace" them (killed and relaunched), or "off". Judged after straggler_min_steps steps.
     stragglers: str = "report"
     straggler_min_steps: int = 20
+    # When the job has succeeded: "chief" (the chief, or worker 0 without a chief, exited 0;
+    # the nodes still running are then stopped) or "all_workers" (every chief and worker did).
+    success_policy: str = "chief"
+    # A job whose nodes report no step and stay near idle for this long is "possibly stuck";
+    # stuck_action "report" says so (status, events, display), "fail" fails the job. 0: off.
+    stuck_timeout_seconds: float = 180.0
+    stuck_action: str = "report"
     # Port of the master's HTTP endpoint (Prometheus /metrics and the dashboard); 0 = any free.
     metrics_port: int = 0
     # Automatic worker scaling and PS migration (master.job.autoscaler); off by default.
@@ -115,6 +135,14 @@ class JobSpec:
     def max_nodes(self) -> int:
         """The most nodes the job may ever run at once (every group at its slots)."""
         return sum(self.group(t).slots for t in NODE_TYPES)
+
+    @property
+    def worker_limit(self) -> int:
+        """The most workers run-time scaling may reach: the worker slots, except in a job with
+        PS that reserves none, whose TF processes know only the workers listed at launch."""
+        if self.ps.replicas and not self.worker.reserves_slots:
+            return self.worker.replicas
+        return self.worker.slots
 
     def with_overrides(self, **changes: Any) -> JobSpec:
         """A copy with some fields replaced (e.g. from CLI flags), validated again."""
@@ -168,6 +196,18 @@ def _validate_job(spec: JobSpec) -> None:
         "straggler_min_steps",
         as_int(spec.straggler_min_steps, src, "straggler_min_steps", minimum=1),
     )
+    for name, allowed in (("success_policy", SUCCESS_POLICIES), ("stuck_action", STUCK_ACTIONS)):
+        if getattr(spec, name) not in allowed:
+            raise spec_error(
+                src,
+                name,
+                f"{getattr(spec, name)!r} is not one of {', '.join(allowed)}",
+                f"Use one of: {', '.join(allowed)}",
+            )
+    setf(
+        "stuck_timeout_seconds",
+        as_seconds(spec.stuck_timeout_seconds, src, "stuck_timeout_seconds", zero_ok=True),
+    )
     setf("metrics_port", as_int(spec.metrics_port, src, "metrics_port", minimum=0))
     if spec.metrics_port > 65535:
         raise spec_error(
@@ -201,6 +241,13 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
             f"Pass {node_type}=NodeGroupSpec(replicas=...)",
         )
     p = f"{node_type}."
+    if group.reserve_slots and node_type != "worker":
+        raise spec_error(
+            src,
+            p + "reserve_slots",
+            f"a {node_type} has no slots to reserve: only workers are added at run time",
+            "Remove it, or set it under 'worker:'",
+        )
     return NodeGroupSpec(
         replicas=as_int(group.replicas, src, p + "replicas", minimum=0),
         max_relaunches=as_int(group.max_relaunches, src, p + "max_relaunches", minimum=0),
@@ -209,6 +256,7 @@ def _validate_group(group: object, src: str, node_type: str) -> NodeGroupSpec:
         cpu=as_number(group.cpu, src, p + "cpu", "a number of cores, e.g. 2 or 0.5"),
         memory_mb=as_int(group.memory_mb, src, p + "memory_mb", minimum=0),
         max_replicas=_check_max_replicas(group, src, p + "max_replicas"),
+        reserve_slots=_check_bool(group.reserve_slots, src, p + "reserve_slots"),
     )
 
 
@@ -293,6 +341,12 @@ def _validate_autoscale(auto: object, spec: JobSpec, src: str) -> AutoscaleSpec:
             "Use min_workers: 1 or more, or add 'chief: {replicas: 1}'",
         )
     return a
+
+
+def _check_bool(value: object, src: str, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise spec_error(src, path, f"expected true or false, got {kind_of(value)}", "Use true")
+    return value
 
 
 def _check_max_replicas(group: NodeGroupSpec, src: str, path: str) -> int:

@@ -254,7 +254,7 @@ class Autoscaler:
         return Observation(
             time=now,
             workers=replicas["worker"],
-            worker_slots=job.spec.worker.slots,
+            worker_slots=job.spec.worker_limit,
             chief=replicas["chief"],
             ready=sum(1 for n in running if n.type in TRAINING_TYPES and n.steps > 0),
             records_per_second=rate,

@@ -1,27 +1,63 @@
-"""When a job has succeeded: training done, then the nodes that never exit by themselves stopped.
+"""When a job has succeeded, as Kubeflow's TFJob decides it, then the nodes still running stopped.
 
-Training is done once every chief and worker rank succeeded (master.nodes.policy). Then every
-PS is stopped at once, evaluators get `evaluator_grace_seconds` for a final evaluation before
-they are stopped too, and the job has succeeded once no PS or evaluator runs any more."""
+`success_policy` "chief": the job's training is done once the chief (worker 0 where there is no
+chief) exited 0; "all_workers": once every chief and worker rank did (master.nodes.policy).
+Then the nodes that never exit by themselves are stopped: trainers that never talk to the
+master (plain TF servers in `server.join()`) after SERVER_SETTLE_SECONDS, trainers using our
+hooks after they finish (at most `evaluator_grace_seconds`), the PS once no trainer of ours
+still trains, evaluators after their grace for a final evaluation. The job has succeeded once
+none of its nodes runs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from master.nodes.model import Node
+from master.nodes.model import TRAINING_TYPES, Node, NodeState
 from master.nodes.policy import JobOutcome, training_finished
 
-SUCCESS_REASON = "chief and workers finished"
+ALL_WORKERS_REASON = "chief and workers finished"
+# Why the master stops the nodes still running once the job has succeeded.
+JOB_DONE = "job done"
+# How long trainers that never talked to the master may take to exit by themselves once the job
+# has succeeded, before they are stopped.
+SERVER_SETTLE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
 class CompletionDecision:
     """What the job does about its end at one look: nothing, a step towards it, or succeed."""
 
-    training_done: bool = False  # training has just finished: record it, the PS are stopped
+    training_done: bool = False  # training has just finished: record it
     stop: tuple[Node, ...] = ()  # nodes to stop gracefully now, in this order
     succeeded: bool = False
+
+
+def lead_trainer(replicas: Mapping[str, int]) -> str:
+    """The node whose success ends the job under `success_policy: chief`."""
+    return "chief-0" if replicas.get("chief", 0) else "worker-0"
+
+
+def success_reason(success_policy: str, replicas: Mapping[str, int]) -> str:
+    """The job's reason for its success, as its events and summary say it."""
+    if success_policy == "chief":
+        return f"{lead_trainer(replicas)} finished (success_policy: chief)"
+    return ALL_WORKERS_REASON
+
+
+def success_reached(
+    nodes: Sequence[Node], replicas: Mapping[str, int], success_policy: str
+) -> bool:
+    """Whether the job's training is done under `success_policy`. Pure."""
+    if success_policy == "all_workers":
+        return training_finished(nodes, replicas) == JobOutcome.SUCCEEDED
+    lead = lead_trainer(replicas)
+    return any(n.name == lead and n.state == NodeState.SUCCEEDED for n in nodes)
+
+
+def _counts(node: Node, replicas: Mapping[str, int]) -> bool:
+    """A trainer of a rank scaled away is being stopped by the scaling: it does not count."""
+    return node.type not in TRAINING_TYPES or node.rank < replicas.get(node.type, 0)
 
 
 def decide_completion(
@@ -30,21 +66,30 @@ def decide_completion(
     training_done_at: float | None,
     now: float,
     evaluator_grace_seconds: float,
+    success_policy: str = "all_workers",
 ) -> CompletionDecision:
     """The next step towards the job's end, from its current nodes and when training ended
     (`training_done_at`, monotonic seconds; None while it trains). Pure."""
-    stop: list[Node] = []
     training_done = False
     if training_done_at is None:
-        if training_finished(nodes, replicas) != JobOutcome.SUCCEEDED:
+        if not success_reached(nodes, replicas, success_policy):
             return CompletionDecision()
         training_done, training_done_at = True, now
-        stop = [n for n in nodes if n.type == "ps" and not n.state.ended]
-    evaluators = [n for n in nodes if n.type == "evaluator" and not n.state.ended]
-    if evaluators:
-        if now - training_done_at >= evaluator_grace_seconds:
-            stop += [n for n in evaluators if not n.stop_requested]
-        return CompletionDecision(training_done, tuple(stop))
-    if any(n.type == "ps" and not n.state.ended for n in nodes):
+    grace_over = now - training_done_at >= evaluator_grace_seconds
+    live = [n for n in nodes if not n.state.ended and _counts(n, replicas)]
+    trainers = [n for n in live if n.type in TRAINING_TYPES and not n.stop_requested]
+    # A trainer that never talked to the master serves others (server.join()): stop it after
+    # a few seconds (a program that ends its servers itself has them exit by then); one using
+    # our hooks finishes its shards first, within the grace.
+    settled = now - training_done_at >= SERVER_SETTLE_SECONDS
+    stop = [n for n in trainers if (settled and not n.registered) or grace_over]
+    finishing = [n for n in trainers if n not in stop]
+    # Under all_workers no trainer runs any more: the PS are stopped once, at once.
+    ps_due = training_done or success_policy != "all_workers"
+    if ps_due and not finishing:
+        stop += [n for n in live if n.type == "ps" and not n.stop_requested]
+    if grace_over:
+        stop += [n for n in live if n.type == "evaluator" and not n.stop_requested]
+    if live:
         return CompletionDecision(training_done, tuple(stop))
     return CompletionDecision(training_done, succeeded=True)

@@ -17,7 +17,7 @@ EVENTS_FILE = "events.jsonl"
 ROUTINE_KINDS = frozenset({"node_running", "node_exited", "checkpoint"})
 # Events a live display marks as incidents.
 INCIDENT_KINDS = frozenset(
-    {"fault", "node_failed", "heartbeat_lost", "hang", "straggler", "diagnosis"}
+    {"fault", "node_failed", "heartbeat_lost", "hang", "straggler", "diagnosis", "stuck"}
 )
 
 

@@ -7,10 +7,12 @@ applies them when the platform reports a node's end."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from master.client import COORDINATOR_KEY
@@ -38,6 +40,13 @@ log = logging.getLogger(__name__)
 STREAM_DRAIN_SECONDS = 2.0
 # node.extra flag: the master restarts this chief after a PS loss (no relaunch budget used).
 COORDINATOR_RESTART = "coordinator_restart"
+# node.extra: why the master stopped the node (e.g. "job done"), said with its end.
+STOP_CAUSE = "stop_cause"
+# A trainer failing this soon after a PS was lost failed because of it.
+PS_LOSS_WINDOW_SECONDS = 120.0
+# Where no node reports steps, an error after this much run time is not taken as a start-up bug
+# (which fails the job at once): the program got going, so a relaunch may help.
+STARTUP_WINDOW_SECONDS = 60.0
 
 
 class DataRecovery(str, enum.Enum):
@@ -49,9 +58,18 @@ class DataRecovery(str, enum.Enum):
     # then rolls the data back to exactly its step
 
 
-def diagnose_node_exit(node: Node, event: NodeEvent, job_ended: bool) -> Diagnosis:
+def diagnose_node_exit(
+    node: Node,
+    event: NodeEvent,
+    job_ended: bool,
+    *,
+    job_reports_steps: bool = True,
+    now: float = 0.0,
+) -> Diagnosis:
     """Why a node ended: the master's own verdicts first (heartbeat lost, hung, replaced as a
-    straggler), else the rules of master.job.diagnosis on its exit code and last output."""
+    straggler), else the rules of master.job.diagnosis on its exit code and last output.
+    In a job that reports no steps (a program without our hooks), a node that ran for
+    `STARTUP_WINDOW_SECONDS` (wall clock `now` against its start) is past start-up."""
     if node.extra.get(HEARTBEAT_LOST):
         return Diagnosis(ExitReason.HEARTBEAT_LOST, "no heartbeat")
     if node.extra.get(HUNG):
@@ -67,7 +85,9 @@ def diagnose_node_exit(node: Node, event: NodeEvent, job_ended: bool) -> Diagnos
         stop_requested=node.stop_requested or job_ended,
         reported=reported[0] if reported else None,
         # Only training nodes report steps; others are never taken as failing at start-up.
-        started=node.steps > 0 or node.type not in TRAINING_TYPES,
+        started=node.steps > 0
+        or node.type not in TRAINING_TYPES
+        or (not job_reports_steps and now - node.started_at >= STARTUP_WINDOW_SECONDS),
         memory_limit_mb=node.memory_mb or node.extra.get("memory_limit_bytes", 0) // 2**20,
         last_rss_bytes=node.memory_rss_bytes,
     )
@@ -77,6 +97,23 @@ def exit_message(node: Node, event: NodeEvent) -> str:
     """The message kept with a node's end: what it reported of its failure, else the platform's."""
     reported = node.extra.get("reported_exit")
     return reported[1] if reported and reported[1] else event.message
+
+
+def ps_loss_cause(node: Node, ps_losses: Mapping[str, float], now: float) -> str:
+    """Why a trainer failed when a PS was lost shortly before (`ps_losses`: PS name -> when it
+    was lost, monotonic seconds): a TF2 coordinator cannot rebuild a lost PS's variables. ''
+    when no PS was lost within PS_LOSS_WINDOW_SECONDS."""
+    recent = sorted(n for n, t in ps_losses.items() if 0 <= now - t <= PS_LOSS_WINDOW_SECONDS)
+    if node.type not in TRAINING_TYPES or not recent:
+        return ""
+    cause = f"after {', '.join(recent)} was lost"
+    if node.type == "chief":
+        cause += (
+            " (a TF2 coordinator cannot rebuild the variables a PS held, so it fails; "
+            "relaunched, it goes on from the program's own checkpoints, from scratch if it "
+            "writes none)"
+        )
+    return cause
 
 
 def ended_cleanly(reason: ExitReason) -> bool:
@@ -141,7 +178,9 @@ class NodeExitMixin:
     progress_streams: StreamRegistry
     rendezvous: RendezvousService
     migrator: PSMigrator
+    global_step: int
     _job_relaunches: int
+    _ps_losses: dict[str, float]  # PS name -> when it was last lost (monotonic)
     _training_done_at: float | None
     _chief_reports_restores: bool
     _emit: Callable[..., Any]
@@ -163,7 +202,14 @@ class NodeExitMixin:
         self.sharding.apply_positions(
             node.id, decode_positions(event.details.get(POSITIONS_DETAIL, ""))
         )
-        diagnosis = diagnose_node_exit(node, event, self.state.ended)
+        diagnosis = diagnose_node_exit(
+            node,
+            event,
+            self.state.ended,
+            job_reports_steps=self.global_step > 0
+            or any(n.steps > 0 for n in self.nodes.all_current()),
+            now=time.time(),
+        )
         reason = diagnosis.reason
         node = self.nodes.mark_exited(event.id, event.exit_code, reason, exit_message(node, event))
         if node is None:
@@ -172,17 +218,26 @@ class NodeExitMixin:
         requeued = self.sharding.release_everywhere(node.id)
         if ended_cleanly(reason):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
+            cause = node.extra.get(STOP_CAUSE, "") if reason == ExitReason.STOPPED else ""
             self._emit(
                 "node_exited",
-                f"{node.name} (id {node.id}) {reason.value}",
+                f"{node.name} (id {node.id}) {reason.value}" + (f": {cause}" if cause else ""),
                 node,
                 reason.value,
                 exit_code=event.exit_code,
+                **({"stop_cause": cause} if cause else {}),
             )
         else:
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.
             self.rendezvous.node_died((node.type, node.rank), node.id)
             more = f"; {sum(requeued.values())} unconsumed records re-queued" if requeued else ""
+            if node.type == "ps":
+                self._ps_losses[node.name] = time.monotonic()
+            cause = ps_loss_cause(node, self._ps_losses, time.monotonic())
+            if cause:  # not its own code's fault: a relaunch can help
+                more += f", {cause}"
+                diagnosis = dataclasses.replace(diagnosis, deterministic=False)
+                node.extra["diagnosis"] = diagnosis
             self._emit(
                 "node_failed",
                 f"{node.name} (id {node.id}) {reason.value}, exit code {event.exit_code}{more}",
@@ -193,6 +248,7 @@ class NodeExitMixin:
                 excerpt=diagnosis.excerpt,
                 deterministic=diagnosis.deterministic,
                 records_requeued=sum(requeued.values()),
+                **({"cause": cause} if cause else {}),
             )
         migration = self.migrator.on_exit(node)
         if migration is not None:

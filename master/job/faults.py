@@ -119,6 +119,18 @@ def faults_due(
     ]
 
 
+def unfired_message(fault: Fault, reports_progress: bool) -> str:
+    """What to say of a fault whose trigger was never reached by the job's end; a percentage
+    or a step never comes for a program that reports no records or steps."""
+    message = f"fault injection: {fault.describe()} never fired before the job's end"
+    if not reports_progress and fault.at_seconds is None:
+        message += (
+            ": the program reports no records or steps to the master, so use a time, "
+            f"e.g. --kill {fault.node_type}:{fault.rank}@30s"
+        )
+    return message
+
+
 class FaultInjectionMixin:
     """The part of `JobMaster` that fires the faults given at submit from its control loop."""
 
@@ -161,6 +173,13 @@ class FaultInjectionMixin:
                 global_step=self.global_step,
             )
             self.platform.signal_node(node.id, fault.signal)
+
+    def _report_unfired_faults(self) -> None:
+        """At the job's end: say which faults never fired, and why where it is known."""
+        reports = bool(self.global_step or self.sharding.stats())
+        for i, fault in enumerate(self._faults):
+            if i not in self._fired_faults:
+                self._emit("fault", unfired_message(fault, reports), reason="not_fired")
 
     def _kill_self(self, fault: Fault) -> None:
         """Fault injection on the master: record it as fired, then die by the signal."""

@@ -8,7 +8,7 @@ need and applies each verdict: mark the node, record the event, kill it where th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from master.sharding.service import ShardingService
 
 STRAGGLER_CHECK_SECONDS = 5.0
+# A silent node whose process uses at least this share of one core is busy, not dead.
+BUSY_CPU_PERCENT = 50.0
 # node.extra flags: what the master found (each node is judged once per finding), read again
 # when the node's exit is diagnosed (master.job.exits.diagnose_node_exit).
 HEARTBEAT_LOST = "heartbeat_lost"
@@ -42,20 +44,46 @@ class HealthVerdict:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def heartbeat_verdicts(nodes: Iterable[Node], now: float, timeout: float) -> list[HealthVerdict]:
-    """Kill each registered running node whose last heartbeat is older than `timeout`."""
-    return [
-        HealthVerdict(
-            node,
-            "heartbeat_lost",
-            f"{node.name} (id {node.id}) sent no heartbeat for {timeout:g}s; killing it",
-            (HEARTBEAT_LOST,),
-            kill=True,
-            details={"timeout_seconds": timeout},
+def silence_cause(cpu_percent: float | None) -> str:
+    """What a node that stopped reporting (heartbeats, rendezvous leases) is doing, from the
+    CPU use of its process the platform measured (None: not measured, nothing to say)."""
+    if cpu_percent is None:
+        return ""
+    if cpu_percent >= BUSY_CPU_PERCENT:
+        return (
+            f"its process still runs at {cpu_percent:.0f}% CPU: busy, not dead "
+            "(its reports are starved)"
         )
-        for node in nodes
-        if heartbeat_lost(node, now, timeout) and not node.extra.get(HEARTBEAT_LOST)
-    ]
+    return f"its process still runs but is idle ({cpu_percent:.1f}% CPU): blocked or waiting"
+
+
+def heartbeat_verdicts(
+    nodes: Iterable[Node],
+    now: float,
+    timeout: float,
+    measured_cpu: Mapping[int, float] | None = None,
+) -> list[HealthVerdict]:
+    """Kill each registered running node whose last heartbeat is older than `timeout`; the
+    message says what its process does where the platform measured it (`measured_cpu`, by
+    node id)."""
+    verdicts = []
+    for node in nodes:
+        if not heartbeat_lost(node, now, timeout) or node.extra.get(HEARTBEAT_LOST):
+            continue
+        cause = silence_cause((measured_cpu or {}).get(node.id))
+        verdicts.append(
+            HealthVerdict(
+                node,
+                "heartbeat_lost",
+                f"{node.name} (id {node.id}) sent no heartbeat for {timeout:g}s"
+                + (f" ({cause})" if cause else "")
+                + "; killing it",
+                (HEARTBEAT_LOST,),
+                kill=True,
+                details={"timeout_seconds": timeout, **({"cause": cause} if cause else {})},
+            )
+        )
+    return verdicts
 
 
 def hang_verdicts(
@@ -122,13 +150,19 @@ class HealthMixin:
     nodes: NodeManager
     sharding: ShardingService
     _stragglers_checked_at: float
+    _measured_cpu: dict[int, float]  # node id -> CPU % the platform measured (master.job.stuck)
     _emit: Callable[..., Any]
     _kill_node: Callable[[Node], None]
 
     def _check_health(self) -> None:
         now = time.monotonic()
         self._apply_verdicts(
-            heartbeat_verdicts(self.nodes.all_current(), now, self.spec.heartbeat_timeout_seconds)
+            heartbeat_verdicts(
+                self.nodes.all_current(),
+                now,
+                self.spec.heartbeat_timeout_seconds,
+                self._measured_cpu,
+            )
         )
         timeout = self.spec.hang_timeout_seconds
         if timeout > 0:
@@ -146,6 +180,11 @@ class HealthMixin:
                     self.nodes.all_current(), self.spec.stragglers, self.spec.straggler_min_steps
                 )
             )
+
+    def _silent_node_cause(self, key: tuple[str, int]) -> str:
+        """What a node whose rendezvous lease lapsed is doing (see silence_cause)."""
+        node = self.nodes.current(*key)
+        return silence_cause(self._measured_cpu.get(node.id)) if node is not None else ""
 
     def _apply_verdicts(self, verdicts: Iterable[HealthVerdict]) -> None:
         for v in verdicts:

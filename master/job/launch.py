@@ -50,11 +50,15 @@ def node_command(spec: JobSpec, node_type: str, python: str = sys.executable) ->
 def tf_cluster_spec(
     spec: JobSpec, replicas: Mapping[str, int], address: Callable[[str, int], str]
 ) -> dict[str, list[str]]:
-    """The TF cluster: every worker slot is listed, so PS can reach workers added later.
-    `address(type, rank)` is a node's address; it is asked in cluster order."""
+    """The TF cluster: exactly the nodes that run (`replicas`), or, for a job that reserves
+    worker slots (worker.reserve_slots, or an explicit worker.max_replicas), every worker slot,
+    so TF processes can reach workers added later. `address(type, rank)` is a node's address;
+    it is asked in cluster order."""
     cluster = {}
     for node_type in TF_CLUSTER_TYPES:
-        n = spec.worker.slots if node_type == "worker" else replicas[node_type]
+        n = replicas[node_type]
+        if node_type == "worker" and spec.worker.reserves_slots:
+            n = spec.worker.slots
         if n:
             cluster[node_type] = [address(node_type, r) for r in range(n)]
     return cluster

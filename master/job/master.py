@@ -20,9 +20,9 @@ from typing import Any
 from master.config import NODE_TYPES, JobSpec
 from master.job.autoscaler import Autoscaler
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
-from master.job.completion import SUCCESS_REASON, decide_completion
+from master.job.completion import JOB_DONE, decide_completion, success_reason
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
-from master.job.exits import NodeExitMixin
+from master.job.exits import STOP_CAUSE, NodeExitMixin
 from master.job.faults import Fault, FaultInjectionMixin
 from master.job.health import HealthMixin
 from master.job.launch import LaunchMixin, tf_cluster_spec
@@ -38,6 +38,7 @@ from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
 from master.job.rollback import MODEL_RESTORED, RollbackMixin
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
 from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
+from master.job.stuck import StuckMixin
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node
@@ -71,6 +72,7 @@ class JobMaster(
     LaunchMixin,
     NodeExitMixin,
     HealthMixin,
+    StuckMixin,
     ScalingMixin,
     PSChangeMixin,
     RollbackMixin,
@@ -100,7 +102,9 @@ class JobMaster(
         self.progress_streams = StreamRegistry()
         self.checkpoints = CheckpointRegistry(store)
         # Torch rendezvous rounds; each closed round is a job event.
-        self.rendezvous = RendezvousService(store, on_round=self._on_rendezvous_round)
+        self.rendezvous = RendezvousService(
+            store, on_round=self._on_rendezvous_round, describe_silent=self._silent_node_cause
+        )
         self.kv = KVStore(store)  # behind the torch Store of the agents
         self.state = JobState.PENDING
         self.reason = ""
@@ -113,11 +117,19 @@ class JobMaster(
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
+        # Stuck detection (master.job.stuck): CPU samples, the current quiet spell, its note.
+        self._cpu_samples: dict[int, tuple[float, float]] = {}
+        self._measured_cpu: dict[int, float] = {}
+        self._cpu_sampled_at = 0.0
+        self._quiet_since: float | None = None
+        self._quiet_step = 0
+        self.stuck_note = ""  # "possibly stuck: ..." while the job looks stuck
         # Automatic worker scaling and PS migration (master.job.autoscaler), when the YAML asks:
         # it decides, this job applies (master.job.scaling).
         self.autoscaler = Autoscaler(self, spec.autoscale) if spec.autoscale.enabled else None
         self._faults = list(faults)  # given at submit; _fired_faults says which already fired
         self._job_relaunches = 0
+        self._ps_losses: dict[str, float] = {}  # PS name -> when it was last lost (monotonic)
         self._started = time.monotonic()
         self._training_done_at: float | None = None
         self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -238,7 +250,8 @@ class JobMaster(
         return 100.0 * sum(s.records_done for s in stats) / total if total else 0.0
 
     def tf_cluster(self) -> dict[str, list[str]]:
-        """The TF cluster: every worker slot is listed, so PS can reach workers added later."""
+        """The TF cluster of the nodes that run, or of every worker slot when the job reserves
+        them (master.job.launch.tf_cluster_spec)."""
         return tf_cluster_spec(self.spec, self.replicas, self._address)
 
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
@@ -374,6 +387,7 @@ class JobMaster(
         self.migrator.advance()
         self._autoscale()
         self._check_health()
+        self._check_stuck()
         self._inject_faults()
         self._check_completion()
 
@@ -385,17 +399,24 @@ class JobMaster(
             self._training_done_at,
             now,
             self.spec.evaluator_grace_seconds,
+            self.spec.success_policy,
         )
+        reason = success_reason(self.spec.success_policy, self.replicas)
         if decision.training_done:
             self._training_done_at = now
             self._save_runtime()
-            self._emit("training_done", SUCCESS_REASON)
+            self._emit("training_done", reason)
+            self._report_unfired_faults()
         for node in decision.stop:
-            self._stop_node(node)
+            self._stop_node(node, JOB_DONE)
         if decision.succeeded:
-            self._set_state(JobState.SUCCEEDED, SUCCESS_REASON)
+            self._set_state(JobState.SUCCEEDED, reason)
 
-    def _stop_node(self, node: Node) -> None:
+    def _stop_node(self, node: Node, cause: str = "") -> None:
+        """Stop a node gracefully (SIGTERM, a grace period, SIGKILL); `cause` is said with
+        its end ("stopped: job done")."""
+        if cause:
+            node.extra[STOP_CAUSE] = cause
         node.stop_requested = True
         self.nodes.save(node)
         self.platform.stop_node(node.id, STOP_GRACE_SECONDS)

@@ -40,6 +40,13 @@ def check_scale_request(spec: JobSpec, node_type: str, replicas: int, chief_repl
     if not 0 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"replicas must be in [0, {MAX_REPLICAS}], got {replicas}")
     slots = spec.group(node_type).slots
+    if node_type == "worker" and slots > replicas > spec.worker_limit:
+        raise ValueError(
+            f"the job's TF_CONFIG lists its {spec.worker_limit} workers only: TF processes "
+            "cannot reach a worker added later. Set 'worker: {reserve_slots: true}' (or a "
+            "worker.max_replicas) in the job YAML to list every slot (it takes effect on the "
+            "next run)"
+        )
     if node_type == "worker" and replicas > slots:
         raise ValueError(
             f"worker.max_replicas is {slots}: the TF cluster spec has {slots} worker slots. "

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from master.job.events import INCIDENT_KINDS
+from master.job.exits import STOP_CAUSE
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -31,6 +32,8 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
     nodes = []
     for n in sorted(job.nodes.all_current(), key=lambda n: (_type_index(n.type), n.rank)):
         diagnosis = n.extra.get("diagnosis")
+        cause = n.extra.get(STOP_CAUSE) if n.exit_reason.value == "stopped" else ""
+        note = f"stopped: {cause}" if cause else diagnosis.summary if diagnosis else ""
         nodes.append(
             {
                 "name": n.name,
@@ -48,7 +51,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
                 "steps": n.steps,
                 "step_seconds": round(n.step_seconds, 5),
                 "straggler": bool(n.extra.get("straggler")),
-                "diagnosis": diagnosis.summary if diagnosis else "",
+                "diagnosis": note,
             }
         )
     datasets = []
@@ -74,6 +77,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
         "name": job.spec.name,
         "state": job.state.value,
         "reason": job.reason,
+        "stuck": getattr(job, "stuck_note", ""),
         "global_step": job.global_step,
         "elapsed_seconds": round(job.elapsed(), 3),
         "started_at": time.time() - job.elapsed(),
@@ -116,6 +120,7 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
         f"  step {doc['global_step']:,}   elapsed {doc['elapsed_seconds']:.1f}s   "
         f"{_rate(doc['steps_per_second'])} steps/s   {_rate(doc['records_per_second'])} records/s"
         f"   cluster v{doc['cluster_version']}",
+        *([f"  {doc['stuck']}"] if doc.get("stuck") else []),
         "",
         "data",
     ]

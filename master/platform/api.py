@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import queue
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,11 @@ class Platform(abc.ABC):
     @abc.abstractmethod
     def shutdown(self, grace_seconds: float) -> None:
         """Stop every node this platform started and release its resources."""
+
+    def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
+        """CPU seconds each running node's processes used so far, by node id; a node the
+        platform cannot measure is left out (its heartbeats say how busy it is, if any)."""
+        return {}
 
     # -- resuming a job under a restarted master --------------------------------
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from master.platform.api import (
     PlatformError,
 )
 from master.platform.lifeline_guard import GUARD_MODULE, read_exit_file
+from master.platform.proc_stats import process_groups_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +242,13 @@ class LocalPlatform(Platform):
         with self._lock:
             run = self._running.get(node_id)
         return {} if run is None else collect_positions(position_base_for(run.spec), remove=False)
+
+    def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
+        """CPU seconds of each node's process group (see master.platform.proc_stats)."""
+        with self._lock:
+            pgids = {i: r.pgid for i in node_ids if (r := self._running.get(i)) and r.pgid}
+        used = process_groups_cpu_seconds(pgids.values())
+        return {i: used[pgid] for i, pgid in pgids.items() if pgid in used}
 
     def handle(self, node_id: int) -> dict[str, int]:
         """What a later master needs to adopt the node: the pid of its process-group leader."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 log = logging.getLogger(__name__)
@@ -246,13 +247,17 @@ class RoundStateMachine:
 
     # -- time ---------------------------------------------------------------
 
-    def advance(self, now: float) -> Round | None:
-        """Expire leases, then close the forming round if it may; returns a newly closed round."""
+    def advance(
+        self, now: float, describe_silent: Callable[[NodeKey], str] | None = None
+    ) -> Round | None:
+        """Expire leases, then close the forming round if it may; returns a newly closed round.
+        `describe_silent(key)` says what a node whose lease lapsed is doing, for the warning."""
         if now >= self._lease_check_at:
             lease = self.config.lease_seconds
             for key, seen in list(self._seen.items()):
                 if now > seen + lease:
-                    self._expire(key)
+                    cause = describe_silent(key) if describe_silent is not None else ""
+                    self._expire(key, f"silent > {lease}s" + (f"; {cause}" if cause else ""))
             self._lease_check_at = min(self._seen.values(), default=now) + lease
         return self._try_close(now)
 
@@ -280,21 +285,15 @@ class RoundStateMachine:
                 f"{key[0]}-{key[1]} id {node_id} is an old incarnation; the current one is {known}"
             )
 
-    def _expire(self, key: NodeKey) -> None:
+    def _expire(self, key: NodeKey, why: str = "its process ended") -> None:
         self.version += 1
         self._seen.pop(key, None)
         entry = self._joining.pop(key, None)
         if self._is_member(key) and key not in self._departed:
             self._lost.add(key)
-            log.warning(
-                "%s-%s lost (silent > %ss): round %d is broken",
-                key[0],
-                key[1],
-                self.config.lease_seconds,
-                self.number,
-            )
+            log.warning("%s-%s lost (%s): round %d is broken", key[0], key[1], why, self.number)
         elif entry is not None:
-            log.warning("%s lost while waiting for a round", entry.participant.name)
+            log.warning("%s lost while waiting for a round (%s)", entry.participant.name, why)
 
     def _may_form(self) -> bool:
         """A new round may form: no round yet, a member re-joined, or no member is left."""

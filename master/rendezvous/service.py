@@ -57,10 +57,13 @@ class RendezvousService:
         store: StateStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_round: Callable[[str, Round], None] | None = None,
+        describe_silent: Callable[[NodeKey], str] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_round = on_round  # told of every round that closes (job events)
+        # What a node whose lease lapsed is doing (e.g. busy: its process runs at 97% CPU).
+        self._describe_silent = describe_silent
         lock = threading.RLock()
         self._cond = threading.Condition(lock)  # every change (watchers wait on it)
         self._rounds = threading.Condition(lock)  # a round closed, or a member left or died
@@ -240,7 +243,7 @@ class RendezvousService:
         """Apply time to a run (leases, last call); persist and wake waiters on a change."""
         before = (run.number, run.joining_count)
         version = run.version
-        closed_round = run.advance(self._clock())
+        closed_round = run.advance(self._clock(), self._describe_silent)
         # A lease that ran out or a round that closed changes the record: saved before any
         # caller learns of the change. (A join or leave that comes with it is saved with it;
         # alone, it is saved by its own call's group commit.)

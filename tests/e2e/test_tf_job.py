@@ -107,6 +107,9 @@ def test_tf_workers_scale_2_3_1_while_training(tmp_path):
     # added as soon as the job runs; it joins while the others already train.
     records = 3 * RECORDS
     ids = write_job(tmp_path, records=records)
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    job["worker"]["reserve_slots"] = True  # TF_CONFIG lists the slots workers are added in
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--summary-json", str(tmp_path / "s.json")]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)

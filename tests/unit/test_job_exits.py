@@ -5,6 +5,7 @@ from __future__ import annotations
 from master.config import parse_job_spec
 from master.job.diagnosis import Diagnosis
 from master.job.exits import (
+    STARTUP_WINDOW_SECONDS,
     DataRecovery,
     diagnose_node_exit,
     ended_cleanly,
@@ -162,3 +163,37 @@ def test_a_worker_that_succeeded_is_done_but_a_ps_that_exited_is_relaunched():
     assert relaunch_decision(ps, _diagnosis(ExitReason.SUCCEEDED), SPEC, 0, False).action == (
         Action.RELAUNCH
     )
+
+
+def test_a_trainer_failing_soon_after_a_ps_loss_names_it_as_the_cause():
+    from master.job.exits import PS_LOSS_WINDOW_SECONDS, ps_loss_cause
+
+    chief, worker, ps = Node("chief", 0, id=2), Node("worker", 1, id=4), Node("ps", 0, id=1)
+    losses = {"ps-0": 100.0}
+    cause = ps_loss_cause(chief, losses, 130.0)
+    assert cause.startswith("after ps-0 was lost (a TF2 coordinator cannot rebuild the variables")
+    assert ps_loss_cause(worker, losses, 130.0) == "after ps-0 was lost"
+    assert ps_loss_cause(ps, losses, 130.0) == ""
+    assert ps_loss_cause(chief, losses, 100.0 + PS_LOSS_WINDOW_SECONDS + 1) == ""
+    assert ps_loss_cause(chief, {}, 130.0) == ""
+
+
+def test_in_a_job_without_step_reports_an_error_after_the_start_up_window_is_not_deterministic():
+    node = Node("chief", 0, id=1, steps=0, started_at=1000.0)
+    early = diagnose_node_exit(
+        node, _event(node, 1, TRACEBACK), False, job_reports_steps=False, now=1010.0
+    )
+    assert early.reason == ExitReason.USER_ERROR and early.deterministic
+    late = diagnose_node_exit(
+        node,
+        _event(node, 1, TRACEBACK),
+        False,
+        job_reports_steps=False,
+        now=1000.0 + STARTUP_WINDOW_SECONDS,
+    )
+    assert late.reason == ExitReason.USER_ERROR and not late.deterministic
+    # Where the job reports steps, a node that never stepped is still at start-up.
+    hooked = diagnose_node_exit(
+        node, _event(node, 1, TRACEBACK), False, job_reports_steps=True, now=5000.0
+    )
+    assert hooked.deterministic

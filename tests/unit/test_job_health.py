@@ -79,3 +79,31 @@ def test_no_straggler_verdicts_when_off_too_early_or_already_found():
     found = _trainers(0.1, 0.1, 0.5)
     found[2].extra[STRAGGLER] = True
     assert straggler_verdicts(found, "report", min_steps=20) == []
+
+
+def test_a_silent_nodes_warning_names_what_its_process_does():
+    from master.job.health import silence_cause
+
+    assert silence_cause(None) == ""
+    assert silence_cause(97.0) == (
+        "its process still runs at 97% CPU: busy, not dead (its reports are starved)"
+    )
+    assert silence_cause(0.4).startswith("its process still runs but is idle (0.4% CPU)")
+    quiet = Node("worker", 0, id=1, state=R, registered=True, last_heartbeat=80.0)
+    [v] = heartbeat_verdicts([quiet], now=100.0, timeout=15.0, measured_cpu={1: 97.0})
+    assert v.message == (
+        "worker-0 (id 1) sent no heartbeat for 15s (its process still runs at 97% CPU: busy, "
+        "not dead (its reports are starved)); killing it"
+    )
+    assert v.details["cause"].startswith("its process still runs at 97% CPU")
+
+
+def test_a_lapsed_rendezvous_lease_is_logged_with_what_the_node_does(caplog):
+    from master.rendezvous.rounds import Participant, RoundConfig, RoundStateMachine
+
+    run = RoundStateMachine(RoundConfig(min_nodes=1, max_nodes=1, lease_seconds=10.0))
+    run.join(Participant("worker", 0, 1, local_world_size=1), now=0.0)
+    run.advance(0.0)  # the round closes with worker-0
+    with caplog.at_level("WARNING"):
+        run.advance(11.0, lambda key: f"{key[0]}-{key[1]} is busy")
+    assert "worker-0 lost (silent > 10.0s; worker-0 is busy): round 1 is broken" in caplog.text

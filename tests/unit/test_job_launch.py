@@ -141,3 +141,15 @@ def test_the_launch_spec_takes_the_nodes_resources_else_its_groups():
     assert launch.command[1:] == ("-m", "dlrover_tf.ps")
     adopted = launch_spec(spec, Node("ps", 0, id=6, memory_mb=1024), {}, "log")
     assert adopted.cpu == 2.0 and adopted.env == {}
+
+
+def test_the_cluster_lists_the_workers_that_run_unless_the_job_reserves_slots():
+    replicas = {"ps": 1, "chief": 1, "worker": 2, "evaluator": 0}
+    plain = _spec(ps={"replicas": 1}, chief={"replicas": 1}, worker={"replicas": 2})
+    assert len(tf_cluster_spec(plain, replicas, _address)["worker"]) == 2
+    reserved = _spec(
+        ps={"replicas": 1}, chief={"replicas": 1}, worker={"replicas": 2, "reserve_slots": True}
+    )
+    assert len(tf_cluster_spec(reserved, replicas, _address)["worker"]) == 4  # default slots
+    scaled_down = {**replicas, "worker": 1}
+    assert len(tf_cluster_spec(plain, scaled_down, _address)["worker"]) == 1

@@ -139,3 +139,23 @@ def test_an_autoscaler_of_an_ended_job_decides_nothing():
     scaler = Autoscaler(job, AutoscaleSpec(enabled=True, min_workers=3, max_workers=4))
     assert scaler.tick(now=100.0) is None and scaler.decisions == 0
     assert scaler.last_decision is None
+
+
+def test_a_ps_job_without_reserved_slots_cannot_add_workers_its_ps_do_not_know():
+    spec = parse_job_spec(
+        {
+            "name": "j",
+            "command": ["python", "t.py"],
+            "ps": {"replicas": 1},
+            "worker": {"replicas": 2},
+        },
+        "job.yaml",
+        "/tmp",
+    )
+    assert spec.worker_limit == 2
+    with pytest.raises(ValueError, match="reserve_slots: true"):
+        check_scale_request(spec, "worker", 3, 0)
+    check_scale_request(spec, "worker", 1, 0)  # fewer is fine
+    reserved = spec.with_overrides(worker=spec.worker.__class__(replicas=2, reserve_slots=True))
+    assert reserved.worker_limit == 4
+    check_scale_request(reserved, "worker", 4, 0)
