@@ -35,6 +35,7 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/tf_hooks.py
+	$(BIN)/python benchmarks/scale.py
 
 # DLRover 0.6.1, the reference system, in its own venv: the benchmarks run it beside ours when
 # .anchors/ exists (CI does not need it). torch==2.13.0 exactly: the CPU wheel from local disk.

@@ -1,13 +1,18 @@
-"""Steps/s of the TF example job with and without the dlrover sharded input and hooks.
+"""Records trained per second of wall time by the TF example job, with and without the dlrover
+sharded input and hooks.
 
 Runs examples/tf/job.yaml through `dlrover submit` alternately with `--input plain` (a plain
 tf.data pipeline, each trainer reading its fixed 1/n of the records: the baseline) and
 `--input dlrover` (ShardedDataset + ShardProgressHook), same cluster, same records. The
-figure is the cluster's training rate: all local steps of chief and workers divided by the
-time from the first step of any task to the end of the last one (each task logs its steps
-and training seconds at its end, with a timestamp). Per-task rates alone would mislead:
-with fixed input splits fast workers finish early and sit idle while the slowest one ends
-the job. Ends with one JSON line.
+figure is what a user feels: the records the cluster trained divided by the wall time from the
+first step of any task to the end of the last one (each task logs its training seconds at its
+end, with a timestamp). The records are counted, not derived from steps: every trainer logs
+the record ids of each step it trains (`--log-trained-ids`, in both modes), and each mode's
+count is shown, so a mode cannot look faster by training fewer records. (It did: the job
+keeps spare worker slots in TF_CONFIG for scaling up, and the plain input split the records
+over every slot, so its runs trained 3/5 of them; here the job has no spare slot.) Per-task
+rates alone would mislead: with fixed input splits fast workers finish early and sit idle
+while the slowest one ends the job. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -43,13 +48,19 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
     command[1] = os.path.join(EXAMPLE, "wide_deep.py")
     for flag, value in (("--input", mode), ("--records", str(records)), ("--epochs", str(epochs))):
         command[command.index(flag) + 1] = value
+    run_dir = tempfile.mkdtemp(prefix=f"run-{mode}-", dir=workdir)
+    ids_prefix = os.path.join(run_dir, "trained")
+    command += ["--log-trained-ids", ids_prefix]
     job["command"] = command
+    # No spare worker slots: the plain input splits the records over the trainers TF_CONFIG
+    # lists, so slots without a process (the example reserves some for scaling up) would leave
+    # their share untrained and the baseline would train fewer records than the data holds.
+    job["worker"]["max_replicas"] = job["worker"]["replicas"]
     job["workdir"] = workdir
     job["name"] = f"bench-{mode}"
     spec_path = os.path.join(workdir, f"job-{mode}.yaml")
     with open(spec_path, "w") as f:
         yaml.safe_dump(job, f)
-    run_dir = tempfile.mkdtemp(prefix=f"run-{mode}-", dir=workdir)
     proc = subprocess.run(
         [sys.executable, "-m", "master.cli", "master", spec_path, "--run-dir", run_dir],
         capture_output=True,
@@ -74,8 +85,17 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
     if not tasks:
         raise RuntimeError(f"no task reported its training time in {run_dir}/logs")
     window = max(t["end"] for t in tasks.values()) - min(t["start"] for t in tasks.values())
-    rate = sum(t["steps"] for t in tasks.values()) / window
-    return {"mode": mode, "tasks": tasks, "steps_per_s": rate, "window_s": window}
+    steps = sum(t["steps"] for t in tasks.values())
+    trained = sum(os.path.getsize(p) // 8 for p in glob.glob(f"{ids_prefix}.*.ids"))
+    return {
+        "mode": mode,
+        "tasks": tasks,
+        "records": trained,
+        "records_per_s": trained / window,
+        "steps": steps,
+        "steps_per_s": steps / window,
+        "window_s": window,
+    }
 
 
 def main() -> int:
@@ -85,37 +105,53 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--json-only", action="store_true")
     args = p.parse_args()
-    runs: dict[str, list[float]] = {"plain": [], "dlrover": []}
+    runs: dict[str, list[dict]] = {"plain": [], "dlrover": []}
+    load = []
     with tempfile.TemporaryDirectory(prefix="bench-tf-") as workdir:
         for i in range(args.repeats):
             for mode in ("plain", "dlrover") if i % 2 == 0 else ("dlrover", "plain"):
                 r = run_once(mode, args.records, args.epochs, workdir)
-                runs[mode].append(r["steps_per_s"])
+                load.append(os.getloadavg()[0])
+                runs[mode].append(r)
                 if not args.json_only:
                     per_task = ", ".join(
                         f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}"
                         for k, v in r["tasks"].items()
                     )
                     print(
-                        f"{mode:8s} run {i + 1}: {r['steps_per_s']:7.1f} steps/s over "
-                        f"{r['window_s']:.1f} s (per task: {per_task})"
+                        f"{mode:8s} run {i + 1}: {r['records_per_s']:8.0f} records/s "
+                        f"({r['records']:,} records, {r['steps']} steps over "
+                        f"{r['window_s']:.1f} s; steps/s per task: {per_task}; "
+                        f"load {load[-1]:.1f})",
+                        flush=True,
                     )
-    plain = statistics.median(runs["plain"])
-    dlrover = statistics.median(runs["dlrover"])
+    plain = statistics.median(r["records_per_s"] for r in runs["plain"])
+    dlrover = statistics.median(r["records_per_s"] for r in runs["dlrover"])
     ratio = dlrover / plain
+    expected = args.records * args.epochs
     if not args.json_only:
         print(
-            f"median steps/s: plain {plain:.1f}, dlrover {dlrover:.1f}; "
-            f"ratio {ratio:.3f} (target >= {TARGET_RATIO})"
+            f"median records/s: plain {plain:.0f}, dlrover {dlrover:.0f}; "
+            f"ratio {ratio:.3f} (target >= {TARGET_RATIO}); records per run: plain "
+            f"{sorted({r['records'] for r in runs['plain']})}, dlrover "
+            f"{sorted({r['records'] for r in runs['dlrover']})} (the data: {expected:,})"
         )
     doc = {
         "benchmark": "tf_hooks",
-        "plain_steps_per_s": [round(x, 2) for x in runs["plain"]],
-        "dlrover_steps_per_s": [round(x, 2) for x in runs["dlrover"]],
-        "median_plain": round(plain, 2),
-        "median_dlrover": round(dlrover, 2),
+        "records_expected": expected,
+        "plain_records": [r["records"] for r in runs["plain"]],
+        "dlrover_records": [r["records"] for r in runs["dlrover"]],
+        "plain_records_per_s": [round(r["records_per_s"], 1) for r in runs["plain"]],
+        "dlrover_records_per_s": [round(r["records_per_s"], 1) for r in runs["dlrover"]],
+        "plain_window_s": [round(r["window_s"], 2) for r in runs["plain"]],
+        "dlrover_window_s": [round(r["window_s"], 2) for r in runs["dlrover"]],
+        "plain_steps_per_s": [round(r["steps_per_s"], 2) for r in runs["plain"]],
+        "dlrover_steps_per_s": [round(r["steps_per_s"], 2) for r in runs["dlrover"]],
+        "median_plain": round(plain, 1),
+        "median_dlrover": round(dlrover, 1),
         "ratio": round(ratio, 4),
         "target_met": ratio >= TARGET_RATIO,
+        "loadavg": [round(x, 2) for x in load],
     }
     print(json.dumps(doc))
     return 0

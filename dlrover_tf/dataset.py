@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from master.client import HeartbeatThread, MasterClient, ProgressStream
+from master.client.env import read_position_base
 from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,9 @@ class ShardedDataset:
         self._own_client = client is None
         self.client = client or MasterClient.from_env()
         self.tracker = BatchTracker()
-        # Set by CheckpointLedgerListener: it reports this dataset's checkpoints, the
-        # progress hook need not.
-        self.checkpoints_reported_elsewhere = False
-        self._progress = ProgressStream(self.client)
+        # Where the platform reads a dead trainer's position back, steps are reported once a
+        # second (see master.client.progress); elsewhere each step as it ends.
+        self._progress = ProgressStream(self.client, position_file=read_position_base(os.environ))
         self._heartbeat: HeartbeatThread | None = None
         if self._own_client and self.client.node is not None:
             reply = self.client.register(socket.gethostname(), os.getpid())
@@ -207,7 +207,8 @@ class ShardedDataset:
         which the master's dashboard charts).
 
         Reports go out on a progress stream: no round trip per step, and the report of
-        step n is on the wire before step n+1 runs (see master.client.ProgressStream).
+        step n is on the wire (or, coalescing, in the node's position file) before step n+1
+        runs (see master.client.ProgressStream).
         """
         segments = self.tracker.consume()
         if segments:

@@ -14,6 +14,9 @@ ENV_NODE_RANK = "DLROVER_NODE_RANK"
 ENV_NODE_ID = "DLROVER_NODE_ID"
 ENV_JOB_TOKEN = "DLROVER_JOB_TOKEN"
 ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
+# Set by a platform that reads a dead trainer's position files back (master.client.position):
+# the trainer's progress stream may then coalesce its reports.
+ENV_POSITION_FILE = "DLROVER_POSITION_FILE"
 
 
 def read_master_addr(env: Mapping[str, str]) -> str:
@@ -54,3 +57,9 @@ def read_token(env: Mapping[str, str]) -> str:
                 f"cannot read the job token file {path!r} named by {ENV_JOB_TOKEN_FILE}: {e}"
             ) from e
     return env.get(ENV_JOB_TOKEN, "")
+
+
+def read_position_base(env: Mapping[str, str]) -> str:
+    """Where this node's progress streams keep their position files; "" when its platform
+    reads none back (each step is then reported to the master as it ends)."""
+    return env.get(ENV_POSITION_FILE, "")

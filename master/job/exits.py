@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from master.client import COORDINATOR_KEY
+from master.client.position import decode_positions
 from master.job.diagnosis import Diagnosis, diagnose_exit
 from master.job.health import HEARTBEAT_LOST, HUNG, STRAGGLER_REPLACED
 from master.job.model import JobState
@@ -23,7 +24,7 @@ from master.job.recovery_timeline import PS_FAILURE
 from master.job.rollback import rollback_step
 from master.nodes.model import TRAINING_TYPES, ExitReason, Node
 from master.nodes.policy import Action, ExitDecision, decide_on_exit
-from master.platform.api import NodeEvent
+from master.platform.api import POSITIONS_DETAIL, NodeEvent
 
 if TYPE_CHECKING:
     from master.config import JobSpec
@@ -216,6 +217,10 @@ class NodeExitMixin:
         # first, so only what it really did not consume is re-queued.
         if not self.progress_streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
+        # Steps its coalesced reports had not carried yet: the platform read them back.
+        self.sharding.apply_positions(
+            node.id, decode_positions(event.details.get(POSITIONS_DETAIL, ""))
+        )
         diagnosis = diagnose_node_exit(
             node,
             event,

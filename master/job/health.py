@@ -167,7 +167,7 @@ class HealthMixin:
         timeout = self.spec.hang_timeout_seconds
         if timeout > 0:
             nodes = self.nodes.all_current()
-            holding = {n.id for n in nodes if self.sharding.holds_shards(n.id)}
+            holding = self.sharding.holders()
             self._apply_verdicts(hang_verdicts(nodes, time.monotonic(), timeout, holding))
         now = time.monotonic()
         if (

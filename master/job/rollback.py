@@ -15,6 +15,7 @@ from master.nodes.model import TRAINING_TYPES
 if TYPE_CHECKING:
     from master.job.checkpoints import Checkpoint, CheckpointRegistry
     from master.nodes.manager import NodeManager
+    from master.platform.api import Platform
     from master.sharding.service import ShardingService
 
 MODEL_RESTORED = "model_restored"  # the chief reported the step it restored
@@ -53,13 +54,27 @@ class RollbackMixin:
     nodes: NodeManager
     sharding: ShardingService
     checkpoints: CheckpointRegistry
+    platform: Platform
     _emit: Callable[..., Any]
+
+    def catch_up_positions(self) -> int:
+        """Apply every running trainer's latest position that its platform can read (steps
+        its coalesced reports have not carried yet), so a ledger snapshot saved now counts
+        every step taken so far, as with a report per step. Returns the positions applied."""
+        applied = 0
+        for node in self.nodes.all_current():
+            if node.type in TRAINING_TYPES and not node.state.ended:
+                applied += self.sharding.apply_positions(
+                    node.id, self.platform.read_positions(node.id)
+                )
+        return applied
 
     def _free_held_shards(self) -> None:
         """The model is lost until the chief restores it: every trainer's held shards go back
         to the queue now. Their input pipelines, blocked waiting for a shard while the others
         hold the rest, then yield, so the failed sessions can close and be rebuilt (TF waits
-        for running input ops when it closes a session)."""
+        for running input ops when it closes a session). What they trained counts first."""
+        self.catch_up_positions()
         for node in self.nodes.all_current():
             if node.type in TRAINING_TYPES:
                 self.sharding.release_everywhere(node.id)
@@ -70,6 +85,9 @@ class RollbackMixin:
         latest checkpoint the master knows of (or the start if none exists)."""
         if step is None:
             step = rollback_step(self.checkpoints.latest())
+        # Every step taken so far counts before (coalesced reports lag): the records to train
+        # again are then exactly those the restored model has not trained on.
+        self.catch_up_positions()
         before = _records_done(self.sharding.stats())
         for name in self.sharding.names():
             self.sharding.restore_snapshot(name, step)

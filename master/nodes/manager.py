@@ -189,19 +189,29 @@ class NodeManager:
         with self._lock:
             self._save(node)
 
-    def note_progress(self, node: Node, stepped: bool = True) -> None:
-        """The node took a shard or (`stepped`) finished a step: hang and straggler detection."""
+    def note_progress(self, node: Node, stepped: bool = True, steps: int = 1) -> None:
+        """The node took a shard or (`stepped`) finished `steps` steps since its last report
+        (a coalesced report covers several; the time since the last is spread over them):
+        hang and straggler detection."""
         now = time.monotonic()
         node.last_progress = now
         if not stepped:
             return
+        steps = max(1, steps)
         with self._lock:
             if node.steps:
                 gaps = node.extra.setdefault("step_gaps", deque(maxlen=STEP_GAPS_KEPT))
-                gaps.append(now - node.last_step_at)
-                if len(gaps) < STEP_TIME_EVERY or node.steps % STEP_TIME_EVERY == 0:
+                gap = (now - node.last_step_at) / steps
+                gaps.extend([gap] * min(steps, STEP_GAPS_KEPT))
+                # Recomputed when one of the counted steps is a multiple of STEP_TIME_EVERY.
+                first, last = node.steps, node.steps + steps - 1
+                if (
+                    len(gaps) < STEP_TIME_EVERY
+                    or first % STEP_TIME_EVERY == 0
+                    or first // STEP_TIME_EVERY != last // STEP_TIME_EVERY
+                ):
                     node.step_seconds = statistics.median(gaps)
-            node.steps += 1
+            node.steps += steps
             node.last_step_at = now
 
     def queue_command(self, node_id: int, command: nodes_pb2.Command) -> None:

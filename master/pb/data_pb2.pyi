@@ -90,18 +90,20 @@ class ProgressReport(_message.Message):
     def __init__(self, shard_id: _Optional[int] = ..., records_consumed: _Optional[int] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("node", "dataset", "reports", "global_step", "loss")
+    __slots__ = ("node", "dataset", "reports", "global_step", "loss", "steps")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.NodeRef
     dataset: str
     reports: _containers.RepeatedCompositeFieldContainer[ProgressReport]
     global_step: int
     loss: float
-    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., global_step: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
+    steps: int
+    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., global_step: _Optional[int] = ..., loss: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class ReportProgressReply(_message.Message):
     __slots__ = ("applied", "stale")

@@ -35,6 +35,11 @@ class NodeLaunchSpec:
     image_workdir: str = ""
 
 
+# NodeEvent.details key: the ended node's last data positions (master.client.position's
+# encode_positions), for the master to apply before it re-queues the node's shards.
+POSITIONS_DETAIL = "positions"
+
+
 @dataclass(frozen=True)
 class NodeEvent:
     """A node incarnation's process ended (exit_code < 0: killed by that signal)."""
@@ -90,6 +95,11 @@ class Platform(abc.ABC):
         return {}
 
     # -- resuming a job under a restarted master --------------------------------
+
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """A running node's latest data positions from its position files (see
+        master.client.position), where this platform can read them; {} elsewhere."""
+        return {}
 
     def handle(self, node_id: int) -> dict[str, Any]:
         """What a later master instance needs to adopt this running node (kept in the state,

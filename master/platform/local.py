@@ -17,7 +17,15 @@ from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.client.env import ENV_POSITION_FILE
+from master.client.position import collect_positions, encode_positions
+from master.platform.api import (
+    POSITIONS_DETAIL,
+    NodeEvent,
+    NodeLaunchSpec,
+    Platform,
+    PlatformError,
+)
 from master.platform.lifeline_guard import GUARD_MODULE, read_exit_file
 from master.platform.proc_stats import process_groups_cpu_seconds
 
@@ -199,7 +207,9 @@ class LocalPlatform(Platform):
         elif self.orphan_guard and sys.platform.startswith("linux"):
             guard = [sys.executable, "-m", "master.platform.pdeathsig", str(os.getpid()), "--"]
             command = guard + command
-        proc = spawn_logged(spec, command, dict(spec.env), "", pass_fds=pass_fds)
+        # The node's trainers keep their data position there; read back when the node ends.
+        env = {**spec.env, ENV_POSITION_FILE: position_base_for(spec)}
+        proc = spawn_logged(spec, command, env, "", pass_fds=pass_fds)
         run = _Running(spec=spec, proc=proc, pgid=proc.pid)
         with self._lock:
             self._running[spec.id] = run
@@ -218,6 +228,7 @@ class LocalPlatform(Platform):
         with self._lock:
             self._running.pop(run.spec.id, None)
         tail = read_tail(run.spec.log_path) if code != 0 else ""
+        positions = collect_positions(position_base_for(run.spec))
         self.events.put(
             NodeEvent(
                 type=run.spec.type,
@@ -225,9 +236,18 @@ class LocalPlatform(Platform):
                 id=run.spec.id,
                 exit_code=code,
                 message=tail,
-                details={"ended_at": repr(ended_at)},
+                details={
+                    "ended_at": repr(ended_at),
+                    **({POSITIONS_DETAIL: encode_positions(positions)} if positions else {}),
+                },
             )
         )
+
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """The node's position files as they are now (left in place for its end)."""
+        with self._lock:
+            run = self._running.get(node_id)
+        return {} if run is None else collect_positions(position_base_for(run.spec), remove=False)
 
     def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
         """CPU seconds of each node's process group (see master.platform.proc_stats)."""
@@ -314,6 +334,11 @@ class LocalPlatform(Platform):
             except subprocess.TimeoutExpired:
                 log.error("process %d did not die after SIGKILL", run.proc.pid)
         self._launch_queue.put(None)
+
+
+def position_base_for(spec: NodeLaunchSpec) -> str:
+    """Where a node's trainers record their data position at every step (per incarnation)."""
+    return spec.log_path + ".position"
 
 
 def exit_file_for(spec: NodeLaunchSpec) -> str:

@@ -84,6 +84,18 @@ class Participant:
         return f"{self.type}-{self.rank} (id {self.id})"
 
 
+def _participant_record(p: Participant) -> dict:
+    """asdict(p), written out: a snapshot makes one per node at every change of a run."""
+    return {
+        "type": p.type,
+        "rank": p.rank,
+        "id": p.id,
+        "rank_hint": p.rank_hint,
+        "local_world_size": p.local_world_size,
+        "host": p.host,
+    }
+
+
 @dataclass(frozen=True)
 class Round:
     """A closed round: its number and its members in rank order."""
@@ -139,6 +151,9 @@ class RoundStateMachine:
     _seq: int = 0
     # Bumped by every change snapshot() would show (not by lease renewals): what to persist.
     version: int = 0
+    # No lease runs out before this instant (a lower bound: renewals only push leases later),
+    # so advance() scans the leases only once it has passed, not at every call.
+    _lease_check_at: float = float("-inf")
 
     # -- calls from nodes ---------------------------------------------------
 
@@ -237,17 +252,23 @@ class RoundStateMachine:
     ) -> Round | None:
         """Expire leases, then close the forming round if it may; returns a newly closed round.
         `describe_silent(key)` says what a node whose lease lapsed is doing, for the warning."""
-        for key, seen in list(self._seen.items()):
-            if now > seen + self.config.lease_seconds:
-                cause = describe_silent(key) if describe_silent is not None else ""
-                self._expire(
-                    key, f"silent > {self.config.lease_seconds}s" + (f"; {cause}" if cause else "")
-                )
+        if now >= self._lease_check_at:
+            lease = self.config.lease_seconds
+            for key, seen in list(self._seen.items()):
+                if now > seen + lease:
+                    cause = describe_silent(key) if describe_silent is not None else ""
+                    self._expire(key, f"silent > {lease}s" + (f"; {cause}" if cause else ""))
+            self._lease_check_at = min(self._seen.values(), default=now) + lease
         return self._try_close(now)
 
+    def id_of(self, key: NodeKey) -> int | None:
+        """The latest incarnation id known for a node slot."""
+        return self._ids.get(key)
+
     def next_deadline(self) -> float | None:
-        """The next instant at which advance() could change something by itself."""
-        times = [seen + self.config.lease_seconds for seen in self._seen.values()]
+        """The next instant at which advance() could change something by itself (possibly a
+        little early: then advance() finds nothing due and a later deadline follows)."""
+        times = [self._lease_check_at] if self._seen else []
         if self._may_form() and self.config.round_size(len(self._joining)):
             times.append(self._last_join + self.config.last_call_seconds)
         return min(times) if times else None
@@ -335,9 +356,15 @@ class RoundStateMachine:
             "round": self.number,
             "closed": self.closed,
             "config": asdict(self.config),
-            "members": None if self.current is None else [asdict(m) for m in self.current.members],
+            "members": None
+            if self.current is None
+            else [_participant_record(m) for m in self.current.members],
             "joining": [
-                {"node": asdict(e.participant), "seq": e.seq, "first_round": e.first_round}
+                {
+                    "node": _participant_record(e.participant),
+                    "seq": e.seq,
+                    "first_round": e.first_round,
+                }
                 for e in sorted(self._joining.values(), key=lambda e: e.seq)
             ],
             "ids": sorted([t, r, i] for (t, r), i in self._ids.items()),

@@ -1,7 +1,10 @@
 """Thread-safe rendezvous rounds for every run of a job, with blocking waits and durable state.
 
-Blocking calls wait on one condition variable and wake when a round closes, a node joins or
-leaves, or the state machine's next deadline (end of a last call, a lease) passes: no polling.
+Blocking calls wait on a condition variable and wake when something they wait for may have
+changed, or the state machine's next deadline (end of a last call, a lease) passes: no polling.
+A member watching for nodes waiting to join wakes when a node joins or leaves; a node waiting
+for its round wakes when a round closes or a node leaves, dies or is replaced, not at every
+join (at 256 nodes, waking every waiter at every join was 65,000 wake-ups per round).
 
 Each run's state (round number, closed flag, the current round's members and ranks, the nodes
 waiting for the next round, the incarnation ids that fence stale calls, lost and departed
@@ -61,9 +64,16 @@ class RendezvousService:
         self._on_round = on_round  # told of every round that closes (job events)
         # What a node whose lease lapsed is doing (e.g. busy: its process runs at 97% CPU).
         self._describe_silent = describe_silent
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # every change (watchers wait on it)
+        self._rounds = threading.Condition(lock)  # a round closed, or a member left or died
         self._runs: dict[str, RoundStateMachine] = {}
         self._saved: dict[str, int] = {}  # per run, the version of the last record written
+        # Group commit of joins and leaves (see _commit): one writer at a time, outside the
+        # state lock; `_store_lock` keeps an older record from overwriting a newer one.
+        self._durable = threading.Condition(threading.Lock())
+        self._writing = False
+        self._store_lock = threading.Lock()
         # Until resume(): the nodes of the loaded rounds are not known to the job yet.
         self._resuming = False
         if store is not None:
@@ -95,7 +105,7 @@ class RendezvousService:
             for run in self._runs.values():
                 run.renew_leases(now, RESUME_GRACE_SECONDS)
             self._resuming = False
-            self._cond.notify_all()
+            self._notify_all()
         for run_id, run in self._runs.items():
             if run.in_progress:
                 log.info(
@@ -117,11 +127,17 @@ class RendezvousService:
                     f"rendezvous {run_id!r} was started with {run.config}, this node asks for "
                     f"{config}; start every node with the same settings (or another run id)"
                 )
+            previous = run.id_of(participant.key)
             number = run.join(participant, self._clock())
             self._advance(run_id, run)
-            self._save(run_id, run)
+            version = run.version
+        # Stored before the node learns its round, and before a watcher learns of the join.
+        self._commit(run_id, run, version)
+        with self._cond:
             self._cond.notify_all()
-            return number
+            if previous is not None and previous != participant.id:
+                self._rounds.notify_all()  # the old incarnation's wait must end
+        return number
 
     def wait_round(
         self,
@@ -141,7 +157,9 @@ class RendezvousService:
                 run.touch(key, node_id, self._clock())
                 self._advance(run_id, run)
                 result = run.wait_status(key, node_id, round_number)
-                if result.status != WaitStatus.PENDING or not self._sleep(run, deadline, is_active):
+                if result.status != WaitStatus.PENDING or not self._sleep(
+                    run, deadline, is_active, self._rounds
+                ):
                     return result
 
     def watch(
@@ -165,7 +183,7 @@ class RendezvousService:
                 if (
                     waiting != known_waiting
                     or run.closed
-                    or not self._sleep(run, deadline, is_active)
+                    or not self._sleep(run, deadline, is_active, self._cond)
                 ):
                     return waiting, run.closed
 
@@ -174,15 +192,17 @@ class RendezvousService:
         with self._cond:
             run.leave(key, node_id)
             self._advance(run_id, run)
-            self._save(run_id, run)
-            self._cond.notify_all()
+            version = run.version
+        self._commit(run_id, run, version)
+        with self._cond:
+            self._notify_all()
 
     def set_closed(self, run_id: str) -> None:
         run = self._run(run_id)
         with self._cond:
             run.set_closed()
             self._save(run_id, run)
-            self._cond.notify_all()
+            self._notify_all()
         log.info("rendezvous %r closed", run_id)
 
     def is_closed(self, run_id: str) -> bool:
@@ -203,12 +223,12 @@ class RendezvousService:
                 run.lose(key, node_id)
                 self._advance(run_id, run)
                 self._save(run_id, run)
-            self._cond.notify_all()
+            self._notify_all()
 
     def wake(self) -> None:
         """Wake every blocked call so it re-checks its state (e.g. its RPC was cancelled)."""
         with self._cond:
-            self._cond.notify_all()
+            self._notify_all()
 
     # -- internals ----------------------------------------------------------
 
@@ -222,17 +242,31 @@ class RendezvousService:
     def _advance(self, run_id: str, run: RoundStateMachine) -> None:
         """Apply time to a run (leases, last call); persist and wake waiters on a change."""
         before = (run.number, run.joining_count)
+        version = run.version
         closed_round = run.advance(self._clock(), self._describe_silent)
         # A lease that ran out or a round that closed changes the record: saved before any
-        # caller learns of the change.
-        self._save(run_id, run)
+        # caller learns of the change. (A join or leave that comes with it is saved with it;
+        # alone, it is saved by its own call's group commit.)
+        if run.version != version:
+            self._save(run_id, run)
         if closed_round is not None:
             if self._on_round is not None:
                 self._on_round(run_id, closed_round)
         if closed_round is not None or (run.number, run.joining_count) != before:
-            self._cond.notify_all()
+            self._notify_all()
 
-    def _sleep(self, run: RoundStateMachine, deadline: float, is_active: Callable) -> bool:
+    def _notify_all(self) -> None:
+        """Wake every blocked call, watchers and round waiters (call under the lock)."""
+        self._cond.notify_all()
+        self._rounds.notify_all()
+
+    def _sleep(
+        self,
+        run: RoundStateMachine,
+        deadline: float,
+        is_active: Callable,
+        cond: threading.Condition,
+    ) -> bool:
         """Wait for a change or the run's next deadline; False when the call should return."""
         now = self._clock()
         if now >= deadline or not is_active():
@@ -242,17 +276,57 @@ class RendezvousService:
         if next_deadline is not None:
             wake_at = min(wake_at, next_deadline)
         # A tiny floor keeps a deadline that is due "now" from spinning on float rounding.
-        self._cond.wait(max(wake_at - now, 0.001))
+        cond.wait(max(wake_at - now, 0.001))
         return True
 
     def _save(self, run_id: str, run: RoundStateMachine) -> None:
         """Write the run's record if it changed since the last write (called under the lock)."""
         if self._store is None or self._saved.get(run_id) == run.version:
             return
-        raw = json.dumps(run.snapshot(), sort_keys=True).encode()
-        with self._store.transaction():
-            self._store.put(TABLE, run_id, raw)
-        self._saved[run_id] = run.version
+        self._write(run_id, run.version, json.dumps(run.snapshot(), sort_keys=True).encode())
+
+    def _write(self, run_id: str, version: int, raw: bytes) -> None:
+        """Store the record of `version` unless a later one is stored; wake who it covers."""
+        with self._store_lock:
+            if self._saved.get(run_id, -1) >= version:
+                return
+            with self._store.transaction():
+                self._store.put(TABLE, run_id, raw)
+            with self._durable:
+                self._saved[run_id] = version
+                self._durable.notify_all()
+
+    def _commit(self, run_id: str, run: RoundStateMachine, version: int) -> None:
+        """Return once the run's record of `version` (or later) is stored: group commit.
+
+        Called without the state lock. One caller at a time writes the run as it is then,
+        which covers every change made so far; the others wait and are woken together. At
+        256 joining nodes that is a handful of writes instead of one per join, each of which
+        made a JSON record of every node while holding the lock every call needs."""
+        if self._store is None:
+            return
+        with self._durable:
+            while self._saved.get(run_id, -1) < version:
+                if not self._writing:
+                    self._writing = True
+                    break
+                self._durable.wait()
+            else:
+                return
+        try:
+            with self._cond:
+                latest = run.version
+                raw = (
+                    None
+                    if self._saved.get(run_id) == latest
+                    else json.dumps(run.snapshot(), sort_keys=True).encode()
+                )
+            if raw is not None:
+                self._write(run_id, latest, raw)
+        finally:
+            with self._durable:
+                self._writing = False
+                self._durable.notify_all()  # a waiter not covered becomes the writer
 
 
 def _check_run_id(run_id: str) -> None:

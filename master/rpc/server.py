@@ -240,7 +240,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
         reports = [(r.shard_id, r.records_consumed) for r in request.reports]
         self.job.sharding.report(request.dataset, node.id, reports)
-        self.job.nodes.note_progress(node)
+        self.job.nodes.note_progress(node, steps=request.steps)
         if request.global_step:
             self.job.note_global_step(request.global_step)
         if request.HasField("loss"):
@@ -263,7 +263,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     raise ValueError("a progress stream must carry one node's reports only")
                 if request.global_step < 0:
                     raise ValueError(f"global_step must be >= 0, got {request.global_step}")
-                self.job.nodes.note_progress(node)
+                self.job.nodes.note_progress(node, steps=request.steps)
                 skipped = 0
                 for r in request.reports:
                     try:
@@ -304,6 +304,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._node(request.node)
         if request.global_step < 0:
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        # Trainers that coalesce their reports: what they trained so far counts in the
+        # snapshot (the model saved after it holds it), as with a report per step.
+        self.job.catch_up_positions()
         if not request.dataset:  # every dataset (a checkpoint the chief makes on request)
             for name in self.job.sharding.names():
                 self.job.sharding.save_snapshot(name, request.global_step)

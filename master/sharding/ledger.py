@@ -252,6 +252,10 @@ class DatasetLedger:
         """Nodes holding at least one shard."""
         return set(self._by_holder)
 
+    def holds(self, holder: int) -> bool:
+        """Whether `holder` holds a shard (constant time)."""
+        return holder in self._by_holder
+
     def held_by(self, holder: int) -> list[Shard]:
         """Shards `holder` holds, oldest first."""
         return sorted(

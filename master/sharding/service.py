@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 LEDGER_TABLE = "ledger"
 LEASE_TABLE = "ledger_lease"
 SNAPSHOT_TABLE = "ledger_snapshot"
-# Lease rows one write may change: below etcd's default of 128 operations per transaction.
+# Lease rows one write may change in a store that limits its transactions (etcd: 128
+# operations by default). A store without a limit (SQLite) takes every changed row in one
+# transaction, so a write costs the rows it changed whatever the number of held shards.
 MAX_LEASE_ROWS_PER_WRITE = 100
 DEFAULT_FLUSH_SECONDS = 0.2
 
@@ -75,8 +77,10 @@ class _Entry:
         self.cond = threading.Condition()
         self.version = 0
         self.durable = 0
-        # Held while one thread writes the ledger for everyone waiting (group commit).
-        self.commit_lock = threading.Lock()
+        # Group commit: one thread at a time writes (`writing`); the others wait on
+        # `durable_cond` until `durable` covers their change, woken all at once.
+        self.durable_cond = threading.Condition(threading.Lock())
+        self.writing = False
         self.stored: set[int] = stored or set()  # shard ids with a row in LEASE_TABLE
         self.rewrite_all = False  # the next write rewrites every lease row (ledger replaced)
 
@@ -207,6 +211,22 @@ class ShardingService:
             # progress may lag by one flush; nodes re-send it after a master restart.
             self._commit(entry, version)
 
+    def apply_positions(self, holder: int, positions: dict[str, list[tuple[int, int]]]) -> int:
+        """Apply the last positions an ended holder left with its platform (its coalesced
+        reports had not carried them yet); stale, bad or unknown ones are skipped. Returns
+        how many advanced a shard or confirmed it."""
+        applied = 0
+        for name, pairs in positions.items():
+            if name not in self._datasets:
+                continue
+            for shard_id, consumed in pairs:
+                try:
+                    self.report(name, holder, [(shard_id, consumed)])
+                    applied += 1
+                except LedgerError:  # handed back, finished, or not this holder's
+                    continue
+        return applied
+
     def release(self, name: str, holder: int) -> int:
         """Re-queue the unconsumed remainder of the holder's shards of one dataset."""
         entry = self._entry(name)
@@ -227,12 +247,20 @@ class ShardingService:
 
     def holds_shards(self, holder: int) -> bool:
         """Whether the holder has a shard of any dataset in doing."""
-        for name in self.names():
-            entry = self._datasets[name]
+        for entry in list(self._datasets.values()):
             with entry.cond:
-                if entry.ledger.held_by(holder):
+                if entry.ledger.holds(holder):
                     return True
         return False
+
+    def holders(self) -> set[int]:
+        """Every holder with a shard of some dataset in doing (one lock per dataset, not per
+        node: the control loop asks this for all nodes at every tick)."""
+        out: set[int] = set()
+        for entry in list(self._datasets.values()):
+            with entry.cond:
+                out |= entry.ledger.holders()
+        return out
 
     # -- ledger snapshots ---------------------------------------------------
 
@@ -303,58 +331,78 @@ class ShardingService:
     def _commit(self, entry: _Entry, version: int) -> None:
         """Return once the store holds the ledger as of `version` (or later).
 
-        Group commit: the thread that gets `commit_lock` writes the ledger as it is then, which
-        covers every change made so far; the threads that queued behind it meanwhile find their
-        version already durable and return without writing. Under load one store write serves
-        many calls; alone, a call costs one write as before.
+        Group commit: one thread at a time writes the ledger as it is then, which covers every
+        change made so far; the threads that wait meanwhile are woken together once it is
+        stored and return without writing (no lock to pass from one to the next: under load
+        each hand-off of a lock costs a context switch). Alone, a call costs one write.
         """
         if entry.durable >= version:
             return
-        with entry.commit_lock:
-            if entry.durable >= version:
+        with entry.durable_cond:
+            while entry.durable < version:
+                if not entry.writing:
+                    entry.writing = True
+                    break
+                entry.durable_cond.wait()
+            else:
                 return
+        covered = 0
+        try:
+            covered = self._write(entry)
+        finally:
+            with entry.durable_cond:
+                entry.writing = False
+                entry.durable = max(entry.durable, covered)
+                # On a failed write too: a waiter becomes the writer and tries again.
+                entry.durable_cond.notify_all()
+
+    def _write(self, entry: _Entry) -> int:
+        """Store the ledger as it is now (head and changed lease rows in one transaction);
+        returns the version written. Only the thread that set `entry.writing` calls this."""
+        with entry.cond:
+            covered = entry.version
+            ledger = entry.ledger
+            touched = ledger.take_touched()
+            rewrite_all = entry.rewrite_all
+            rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
+            if self._store.max_writes_per_transaction is None or (
+                len(rows) <= MAX_LEASE_ROWS_PER_WRITE
+            ):
+                head = ledger.head()
+                leases = {sid: ledger.lease_record(sid) for sid in rows}
+                entry.rewrite_all = False
+            else:
+                # Too many rows for one transaction (etcd caps its ops): the whole ledger
+                # goes in the head row, which a restarted master reads without the lease
+                # rows; those are stale now, so a later small write rewrites them all, and
+                # meanwhile each write drops a batch of rows of shards no longer held.
+                head = ledger.snapshot()
+                stale = sorted(entry.stored - ledger.doing_ids())
+                leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
+                entry.rewrite_all = True
+        name = head["spec"]["name"]
+        try:
+            with self._store.transaction():
+                self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
+                for sid, record in leases.items():
+                    key = _lease_key(name, sid)
+                    if record is None:
+                        if sid in entry.stored:
+                            self._store.delete(LEASE_TABLE, key)
+                    else:
+                        self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
+        except BaseException:
             with entry.cond:
-                covered = entry.version
-                ledger = entry.ledger
-                touched = ledger.take_touched()
-                rewrite_all = entry.rewrite_all
-                rows = touched | entry.stored | ledger.doing_ids() if rewrite_all else touched
-                if len(rows) <= MAX_LEASE_ROWS_PER_WRITE:
-                    head = ledger.head()
-                    leases = {sid: ledger.lease_record(sid) for sid in rows}
-                    entry.rewrite_all = False
-                else:
-                    # Too many rows for one transaction (etcd caps its ops): the whole ledger
-                    # goes in the head row, which a restarted master reads without the lease
-                    # rows; those are stale now, so a later small write rewrites them all, and
-                    # meanwhile each write drops a batch of rows of shards no longer held.
-                    head = ledger.snapshot()
-                    stale = sorted(entry.stored - ledger.doing_ids())
-                    leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
-                    entry.rewrite_all = True
-            name = head["spec"]["name"]
-            try:
-                with self._store.transaction():
-                    self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
-                    for sid, record in leases.items():
-                        key = _lease_key(name, sid)
-                        if record is None:
-                            if sid in entry.stored:
-                                self._store.delete(LEASE_TABLE, key)
-                        else:
-                            self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
-            except BaseException:
-                with entry.cond:
-                    if entry.ledger is ledger:
-                        ledger.retouch(touched)
-                    entry.rewrite_all = rewrite_all or entry.ledger is not ledger
-                raise
-            for sid, record in leases.items():
-                if record is None:
-                    entry.stored.discard(sid)
-                else:
-                    entry.stored.add(sid)
-            entry.durable = covered
+                if entry.ledger is ledger:
+                    ledger.retouch(touched)
+                entry.rewrite_all = rewrite_all or entry.ledger is not ledger
+            raise
+        for sid, record in leases.items():
+            if record is None:
+                entry.stored.discard(sid)
+            else:
+                entry.stored.add(sid)
+        return covered
 
     def _persist(self, entry: _Entry, force: bool = False) -> None:
         """Write the ledger if it changed since the last write (always, with `force`)."""

@@ -17,6 +17,10 @@ class StateStore(abc.ABC):
     Tables and keys are any strings; values are bytes (callers serialise, e.g. protobuf).
     """
 
+    # Most writes one transaction may hold (etcd refuses more than its --max-txn-ops); None: no
+    # limit, so a writer may put any number of small rows in one transaction.
+    max_writes_per_transaction: int | None = None
+
     @abc.abstractmethod
     def get(self, table: str, key: str) -> bytes | None:
         """The value stored under (table, key), or None."""

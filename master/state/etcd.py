@@ -43,6 +43,7 @@ DEFAULT_PREFIX = "/dlrover/default/"
 DEFAULT_TIMEOUT_SECONDS = 5.0
 _SCAN_PAGE_KEYS = 1000  # keys per range request of a scan (all pages read at one revision)
 _URL_FORMS = "etcd://host:port[,host:port]/prefix"
+ETCD_DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
 
 # Extra advice for etcd error replies a user can fix by changing a flag or the call.
 _HINTS = {
@@ -73,6 +74,8 @@ class _Frame:
 
 class EtcdStateStore(StateStore):
     """StateStore on an etcd v3 cluster; several endpoints are tried in turn when one is down."""
+
+    max_writes_per_transaction = ETCD_DEFAULT_MAX_TXN_OPS
 
     def __init__(
         self,

@@ -131,3 +131,140 @@ def test_a_stream_the_master_ended_is_reopened_at_once_and_its_progress_resent(t
         server2.stop(grace=0).wait()
         job2.sharding.close()
         store2.close()
+
+
+def test_coalesced_steps_go_out_as_one_report_and_the_rest_via_the_position_file(harness, tmp_path):
+    """Coalescing: each step only writes the node-local position file; the steps of an
+    interval reach the master as one report (with their count, for step times); a trainer
+    killed between two flushes loses nothing, because the platform hands its position file
+    back with the exit event and the master applies it before re-queueing."""
+    from master.client.position import collect_positions, encode_positions
+    from master.platform.api import POSITIONS_DETAIL
+
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    base = str(tmp_path / "worker-0.position")
+    stream = ProgressStream(c, position_file=base, flush_seconds=3600)
+    assert stream.coalescing
+    for step, consumed in enumerate(range(10, 51, 10), start=1):
+        stream.send("d", [(shard.shard_id, consumed)], global_step=step)
+    assert harness.job.sharding.stats()[0].records_done == 0  # nothing sent yet
+    stream.flush()
+    node = harness.nodes[0]
+    deadline = time.monotonic() + 5
+    while harness.job.sharding.stats()[0].records_done < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert harness.job.sharding.stats()[0].records_done == 50
+    assert harness.job.nodes.get(node.id).steps == 5  # one report, five steps
+    assert harness.job.global_step == 5
+    for step, consumed in enumerate(range(60, 81, 10), start=6):
+        stream.send("d", [(shard.shard_id, consumed)], global_step=step)
+    positions = collect_positions(base, remove=False)
+    assert positions == {"d": [(shard.shard_id, 80)]}
+    # The trainer dies before its next flush: its stream ends without the last three steps.
+    stream._stop_flusher.set()
+    stream._queue.put(stream._END)
+    stream._future.result(timeout=5)
+    harness.job._on_node_exit(
+        NodeEvent(
+            node.type,
+            node.rank,
+            node.id,
+            exit_code=-9,
+            details={POSITIONS_DETAIL: encode_positions(collect_positions(base))},
+        )
+    )
+    stats = harness.job.sharding.stats()[0]
+    assert stats.records_done == 80  # the file's position counts: none of its steps is redone
+    assert stats.records_todo == 920
+
+
+def test_a_coalescing_stream_flushes_by_itself_and_on_close(harness, tmp_path):
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    stream = ProgressStream(c, position_file=str(tmp_path / "p"), flush_seconds=0.05)
+    stream.send("d", [(shard.shard_id, 10)], global_step=1)
+    deadline = time.monotonic() + 5
+    while harness.job.sharding.stats()[0].records_done < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert harness.job.sharding.stats()[0].records_done == 10  # no further step was needed
+    stream._flush_seconds = 3600  # the next flush only on close
+    time.sleep(0.1)
+    stream.send("d", [(shard.shard_id, 100)], global_step=2)
+    reply = stream.close()
+    assert reply.applied >= 1
+    stats = harness.job.sharding.stats()[0]
+    assert stats.records_done == 100 and stats.records_doing == 0
+
+
+def test_the_local_platform_hands_a_killed_nodes_positions_back(tmp_path):
+    import os
+    import signal
+    import sys
+
+    from master.client.position import decode_positions
+    from master.platform.api import POSITIONS_DETAIL, NodeLaunchSpec
+    from master.platform.local import LocalPlatform
+
+    code = (
+        "import os, time\n"
+        "from master.client.env import read_position_base\n"
+        "from master.client.position import PositionFile, stream_position_path\n"
+        "f = PositionFile(stream_position_path(read_position_base(os.environ)))\n"
+        "f.write({'d': {3: 40}})\n"
+        "open(os.environ['READY'], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    ready = tmp_path / "ready"
+    platform = LocalPlatform()
+    try:
+        platform.launch(
+            NodeLaunchSpec(
+                type="worker",
+                rank=0,
+                id=7,
+                command=(sys.executable, "-c", code),
+                env={**os.environ, "READY": str(ready)},
+                workdir=str(tmp_path),
+                log_path=str(tmp_path / "logs" / "worker-0.7.log"),
+            )
+        )
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        assert platform.signal_node(7, signal.SIGKILL)
+        event = platform.events.get(timeout=10)
+        assert event.id == 7 and event.exit_code == -signal.SIGKILL
+        assert decode_positions(event.details[POSITIONS_DETAIL]) == {"d": [(3, 40)]}
+    finally:
+        platform.shutdown(1)
+
+
+def test_a_ledger_snapshot_counts_the_steps_coalesced_reports_have_not_carried_yet(
+    harness, tmp_path, monkeypatch
+):
+    """The chief saves the ledger just before the model: steps the workers took but have not
+    reported yet (coalescing) are in the model, so the snapshot must count them, as it did
+    with a report per step; the master reads them from the trainers' position files."""
+    from master.client.position import collect_positions
+
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    base = str(tmp_path / "worker-0.position")
+    stream = ProgressStream(c, position_file=base, flush_seconds=3600)
+    for step, consumed in enumerate(range(10, 71, 10), start=1):
+        stream.send("d", [(shard.shard_id, consumed)], global_step=step)
+    node = harness.nodes[0]
+    monkeypatch.setattr(
+        harness.job.platform,
+        "read_positions",
+        lambda node_id: collect_positions(base, remove=False) if node_id == node.id else {},
+    )
+    snapshot = c.save_ledger("d", 7)
+    assert snapshot.records_done == 70  # nothing was sent on the stream yet
+    assert harness.job.sharding.stats()[0].records_done == 70
+    stream.close()

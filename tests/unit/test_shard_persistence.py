@@ -176,6 +176,7 @@ def test_a_write_of_too_many_rows_stores_the_whole_ledger_instead(
 
     monkeypatch.setattr(service, "MAX_LEASE_ROWS_PER_WRITE", 3)
     store = SQLiteStateStore(str(path))
+    store.max_writes_per_transaction = 128  # as etcd: a limited transaction size
     svc = ShardingService(store, flush_seconds=3600)
     svc.create(SPEC)
     shards = {h: svc.get_shard("ds", holder=h, request_id=1).shard for h in range(5)}
@@ -192,4 +193,20 @@ def test_a_write_of_too_many_rows_stores_the_whole_ledger_instead(
     assert [json.loads(v)["shard_id"] for v in rows.values()] == [again.shard_id]
     assert again.start == shards[0].start  # the given-back records are served first
     assert reopened(path)._datasets["ds"].ledger.held_by(9) == [again]
+    svc.close()
+
+
+def test_a_store_without_a_transaction_limit_gets_only_the_changed_rows(path: Path) -> None:
+    store = SQLiteStateStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(DatasetSpec("ds", size=100_000, batch_size=10, records_per_shard=100))
+    for h in range(150):  # more held shards than an etcd transaction could rewrite
+        assert svc.get_shard("ds", holder=h, request_id=1).shard is not None
+    assert len(store.scan(LEASE_TABLE)) == 150
+    svc.restore_snapshot("ds", 0)  # gives back all 150 in one write
+    assert "doing" not in json.loads(store.get(LEDGER_TABLE, "ds"))  # never the whole ledger
+    assert store.scan(LEASE_TABLE) == {}
+    held = svc.get_shard("ds", holder=7, request_id=2).shard
+    assert "doing" not in json.loads(store.get(LEDGER_TABLE, "ds"))
+    assert reopened(path)._datasets["ds"].ledger.held_by(7) == [held]
     svc.close()

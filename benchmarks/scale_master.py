@@ -1,0 +1,159 @@
+"""The master process of benchmarks/scale.py: a real JobMaster on a simulated platform, and
+the standalone rendezvous master of its 256-node rendezvous."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+
+HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
+READY_TIMEOUT_S = 180.0
+
+
+def simulated_platform():
+    """A platform whose nodes are simulated elsewhere: launching does nothing, a kill ends the
+    incarnation at once (its exit event), as a real platform reports a killed process."""
+    from master.platform.api import NodeEvent, Platform
+
+    class SimulatedPlatform(Platform):
+        def __init__(self) -> None:
+            super().__init__()
+            self._running: dict[int, tuple[str, int]] = {}
+            self._lock = threading.Lock()
+
+        def address_for(self, node_type: str, rank: int) -> str:
+            return f"sim-{node_type}-{rank}:2222"
+
+        def launch(self, spec) -> None:
+            with self._lock:
+                self._running[spec.id] = (spec.type, spec.rank)
+
+        def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
+            with self._lock:
+                node = self._running.pop(node_id, None)
+            if node is None:
+                return False
+            self.events.put(NodeEvent(node[0], node[1], node_id, exit_code=-sig))
+            return True
+
+        def stop_node(self, node_id: int, grace_seconds: float) -> None:
+            self.signal_node(node_id, signal.SIGTERM)
+
+        def shutdown(self, grace_seconds: float) -> None:
+            with self._lock:
+                self._running.clear()
+
+    return SimulatedPlatform()
+
+
+def master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> None:
+    """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
+
+    Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
+    threads); "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
+    import psutil
+
+    from master.cli.submit import rpc_threads
+    from master.config import parse_job_spec
+    from master.job.master import JobMaster, JobRuntime
+    from master.observability.endpoint import Observability
+    from master.rpc.server import start_server
+    from master.state.sqlite import SQLiteStateStore
+
+    detected: list[tuple[int, float]] = []
+
+    def on_event(event) -> None:
+        if event.kind == "heartbeat_lost":
+            detected.append((event.node_id, time.monotonic()))
+
+    spec = parse_job_spec(
+        {
+            "name": "bench-scale",
+            "command": ["true"],
+            "worker": {"replicas": workers, "max_relaunches": 100_000},
+            "ps": {"replicas": ps, "max_relaunches": 100_000},
+            "heartbeat_timeout_seconds": timeout_s,
+            # A node falsely declared lost is counted (false_lost_nodes); its relaunch must
+            # not end the job and take every other node's figures with it.
+            "max_relaunches": 100_000,
+        },
+        source="bench",
+        base_dir=tmp_dir,
+    )
+    store = SQLiteStateStore(os.path.join(tmp_dir, "state.sqlite"))
+    platform = simulated_platform()
+    runtime = JobRuntime(run_dir=tmp_dir, master_addr="", token_file="")
+    job = JobMaster(spec, platform, store, runtime, on_event=on_event)
+    observability = Observability(job, "127.0.0.1", 0)
+    token = secrets.token_urlsafe(32)
+    server, port = start_server(
+        job,
+        "127.0.0.1",
+        0,
+        token,
+        rpc_threads(512, spec),  # as `dlrover submit` with the default MasterConfig
+        HEARTBEAT_INTERVAL_MS,
+        interceptors=observability.interceptors(),
+    )
+    runtime.master_addr = f"127.0.0.1:{port}"
+    runner = threading.Thread(target=job.run, name="job", daemon=True)
+    runner.start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:  # every node launched (marked running)
+        current = job.nodes.all_current()
+        if len(current) == workers + ps and all(n.state.value == "running" for n in current):
+            break
+        time.sleep(0.05)
+    nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
+    conn.send(("ready", port, token, nodes))
+    me = psutil.Process()
+    peak = [0.0]
+
+    def sample_rss() -> None:
+        while runner.is_alive():
+            peak[0] = max(peak[0], me.memory_info().rss / 2**20)
+            time.sleep(0.1)
+
+    threading.Thread(target=sample_rss, name="rss", daemon=True).start()
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except (EOFError, OSError):
+                break
+            if request == "cpu":
+                t = os.times()
+                rss = me.memory_info().rss / 2**20
+                peak[0] = max(peak[0], rss)
+                conn.send(
+                    ("cpu", t.user + t.system, time.monotonic(), rss, peak[0], me.num_threads())
+                )
+            elif request == "detected":
+                conn.send(("detected", list(detected)))
+            else:
+                break
+    finally:
+        job.request_stop("benchmark done")
+        runner.join(10)
+        server.stop(grace=0).wait()
+        observability.stop()
+        store.close()
+
+
+def serve_rendezvous(conn, state_path: str) -> None:
+    from master.rpc.standalone import start_standalone_master
+
+    logging.basicConfig(level=logging.WARNING)
+    server, port, token = start_standalone_master(max_workers=2048, state_path=state_path)
+    conn.send(("ready", port, token))
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+    server.stop(grace=0).wait()

@@ -1,0 +1,269 @@
+"""Simulated nodes of benchmarks/scale.py: asyncio gRPC clients, one connection per node.
+
+Every node registers, then heartbeats at 1 Hz from its registration on; every worker, from the
+common start, takes shards and steps at 10 steps/s, reporting progress per step or coalesced
+(one report per second with its steps' count), on its stream or (an experiment) unary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import time
+from array import array
+from dataclasses import dataclass
+
+HEARTBEAT_HZ = 1.0
+STEPS_PER_S = 10.0
+BATCH_SIZE = 64
+RECORDS_PER_SHARD = BATCH_SIZE * 16
+DATASET = "scale"
+UNARY_KINDS = ("heartbeat", "get_shard")
+# A connection per simulated node (by default gRPC shares one per process), keepalive as
+# MasterClient sets it.
+CHANNEL_OPTIONS = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.keepalive_time_ms", 2_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    """What one simulator process runs."""
+
+    addr: str
+    token: str
+    nodes: tuple[tuple[str, int, int], ...]  # (type, rank, id)
+    silent_id: int  # the node that goes silent at the window's start (0: none here)
+    warmup: float
+    seconds: float
+    coalesce_s: float  # 0: a progress message per step; else one per this many seconds
+    unary: bool = False  # coalesced reports as unary calls instead of on a stream
+
+
+class _Stats:
+    """Latencies (seconds, of calls ending in the window) and counts of one process."""
+
+    def __init__(self) -> None:
+        self.latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
+        self.steps = 0  # steps taken in the window
+        self.messages = 0  # progress messages sent in the window
+        self.shards = 0  # shards whose last step was reported in the window
+        self.late = array("d")  # how late each step started against its schedule
+        self.drain = 0.0
+        self.silent_last_beat = 0.0
+        self.errors: list[str] = []
+        self.registered = 0
+        self.all_registered: asyncio.Event | None = None
+
+
+class _Window:
+    """The measured window of a simulator process, known once the parent gives the start."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.begin = self.end = float("inf")
+
+    def open(self, start_at: float, warmup: float, seconds: float) -> None:
+        self.begin = start_at + warmup
+        self.end = self.begin + seconds
+        self.started.set()
+
+
+async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, stats) -> None:
+    """One node: registers and heartbeats from then on (so no node looks lost while the others
+    register); a worker starts taking shards and stepping at the common start."""
+    import grpc
+
+    from master.client import TOKEN_METADATA_KEY
+
+    common_pb2, data_pb2, nodes_pb2 = pb
+    node_type, rank, node_id = node
+    md = ((TOKEN_METADATA_KEY, plan.token),)
+    ref = common_pb2.NodeRef(type=node_type, rank=rank, id=node_id)
+    channel = grpc.aio.insecure_channel(plan.addr, options=CHANNEL_OPTIONS)
+    stub = stub_cls(channel)
+    clock = time.monotonic
+    silent = node_id == plan.silent_id
+    upcoming = None
+
+    def stop_at() -> float:  # the window's end; the silent node's silence starts with it
+        return window.begin if silent else window.end
+
+    def timed(kind: str, t0: float) -> None:
+        t1 = clock()
+        if window.begin <= t1 < window.end:
+            stats.latency[kind].append(t1 - t0)
+
+    async def heartbeats() -> None:
+        stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
+        request = nodes_pb2.HeartbeatRequest(node=ref, stats=stat)
+        t = clock() + random.random() / HEARTBEAT_HZ
+        while t < stop_at():
+            await asyncio.sleep(max(0.0, t - clock()))
+            t0 = clock()
+            await stub.Heartbeat(request, metadata=md, timeout=30)
+            if silent:
+                stats.silent_last_beat = t0
+            timed("heartbeat", t0)
+            t += 1 / HEARTBEAT_HZ
+
+    async def get_shard():
+        t0 = clock()
+        reply = await stub.GetShard(
+            data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0), metadata=md, timeout=30
+        )
+        timed("get_shard", t0)
+        if reply.status != data_pb2.GetShardReply.SHARD:
+            raise RuntimeError(f"GetShard answered status {reply.status}, not SHARD")
+        return reply.shard
+
+    async def steps() -> None:
+        nonlocal upcoming
+        await window.started.wait()
+        begin, end = window.begin, window.end
+        call = None if plan.unary else stub.StreamProgress(metadata=md)
+        shard = await get_shard()
+        step = 0
+        pending: dict[int, int] = {}  # shard id -> records consumed, not reported yet
+        unsent = 0
+        next_flush = begin - plan.warmup + random.random() * plan.coalesce_s
+        t = begin - plan.warmup + random.random() / STEPS_PER_S
+        while t < stop_at():
+            now = clock()
+            await asyncio.sleep(max(0.0, t - now))
+            started = clock()
+            size = shard.end - shard.start
+            done = min(size, (step % 16 + 1) * BATCH_SIZE)
+            step += 1
+            pending[shard.shard_id] = done
+            unsent += 1
+            if started >= next_flush:  # per step, or once per interval when coalescing
+                request = data_pb2.ReportProgressRequest(
+                    node=ref,
+                    dataset=DATASET,
+                    reports=[
+                        data_pb2.ProgressReport(shard_id=s, records_consumed=c)
+                        for s, c in pending.items()
+                    ],
+                    global_step=step,
+                )
+                if plan.coalesce_s:
+                    request.steps = unsent
+                pending.clear()
+                unsent = 0
+                next_flush = started + plan.coalesce_s
+                if plan.unary:
+                    await stub.ReportProgress(request, metadata=md, timeout=30)
+                else:
+                    await call.write(request)
+                timed("stream_write", started)
+                if begin <= started < end:
+                    stats.messages += 1
+            if begin <= started < end:
+                stats.steps += 1
+                stats.late.append(max(0.0, started - t))
+            if done >= size - BATCH_SIZE and upcoming is None:
+                upcoming = asyncio.ensure_future(get_shard())  # prefetch, a step ahead
+            if done >= size:
+                if begin <= started < end:
+                    stats.shards += 1
+                shard, upcoming = await upcoming, None
+            t += 1 / STEPS_PER_S
+        if silent:
+            await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
+            if call is not None:
+                call.cancel()
+            return
+        if upcoming is not None:
+            await upcoming
+        t0 = clock()
+        if pending:
+            reports = [
+                data_pb2.ProgressReport(shard_id=s, records_consumed=c) for s, c in pending.items()
+            ]
+            last = data_pb2.ReportProgressRequest(node=ref, dataset=DATASET, reports=reports)
+            if call is None:
+                await stub.ReportProgress(last, metadata=md, timeout=30)
+            else:
+                await call.write(last)
+        if call is not None:
+            await call.done_writing()
+            await call
+        stats.drain = max(stats.drain, clock() - t0)
+
+    try:
+        async with sem:
+            await stub.RegisterNode(
+                nodes_pb2.RegisterRequest(node=ref, host="sim", pid=os.getpid()),
+                metadata=md,
+                timeout=60,
+            )
+        stats.registered += 1
+        if stats.registered == len(plan.nodes):
+            stats.all_registered.set()
+        tasks = [heartbeats()]
+        if node_type == "worker":
+            tasks.append(steps())
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        pass
+    except Exception as e:
+        stats.errors.append(f"{node_type}-{rank}: {e!r}"[:300])
+        stats.all_registered.set()  # a node that cannot register must not hang the start
+    finally:
+        if upcoming is not None:
+            upcoming.cancel()
+        await channel.close(grace=None)
+
+
+async def _sim_run(conn, plan: SimPlan, stats: _Stats) -> None:
+    from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+
+    stats.all_registered = asyncio.Event()
+    window = _Window()
+    sem = asyncio.Semaphore(64)  # registrations under way at once
+    pb = (common_pb2, data_pb2, nodes_pb2)
+    nodes = asyncio.gather(
+        *(
+            _sim_node(master_pb2_grpc.MasterStub, pb, plan, n, window, sem, stats)
+            for n in plan.nodes
+        )
+    )
+    await stats.all_registered.wait()
+    conn.send(("ready",))
+    start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    window.open(start_at, plan.warmup, plan.seconds)
+    await nodes
+
+
+def sim_main(conn, plan: SimPlan) -> None:
+    """Entry of a simulator process: register its nodes, run them, send the figures."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="[sim] %(levelname)s %(message)s")
+    stats = _Stats()
+    try:
+        asyncio.run(_sim_run(conn, plan, stats))
+    except Exception as e:
+        stats.errors.append(repr(e))
+    conn.send(
+        (
+            "done",
+            {
+                "latency": {k: v.tobytes() for k, v in stats.latency.items()},
+                "steps": stats.steps,
+                "messages": stats.messages,
+                "shards": stats.shards,
+                "late": stats.late.tobytes(),
+                "drain": stats.drain,
+                "silent_last_beat": stats.silent_last_beat,
+                "errors": stats.errors,
+            },
+        )
+    )
