@@ -235,6 +235,20 @@ def _kill_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def _set_aside_if_unreadable(path: str) -> None:
+    """Rename an error file that is not whole JSON to `<path>.partial`, so it is not read."""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            json.load(f)
+    except ValueError:
+        log.warning("worker error file %s was cut short (stopped while writing it)", path)
+        os.replace(path, path + ".partial")
+    except OSError:
+        pass
+
+
 class _PooledHandler:
     """A worker running in a former spare; the shape SubprocessContext expects of a handler."""
 
@@ -252,6 +266,15 @@ class HookedSubprocessContext(SubprocessContext):
     def __init__(self, *args: Any, before_close: Callable[[], None] | None = None, **kw: Any):
         super().__init__(*args, **kw)
         self.before_close = before_close
+
+    def _capture_process_failures(self, done_local_ranks: set[int]) -> None:
+        # torch writes a worker's error file in place: a worker stopped while writing it (the
+        # survivor of a crash, as the group is stopped) leaves it empty or cut short, and
+        # torch's reader would then fail the whole agent. Such a file says nothing: set aside.
+        for local_rank in self._running_local_ranks:
+            if self.subprocess_handlers[local_rank].proc.poll() not in (None, 0):
+                _set_aside_if_unreadable(self.error_files.get(local_rank, ""))
+        super()._capture_process_failures(done_local_ranks)
 
     def close(self, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         hook, self.before_close = self.before_close, None
