@@ -75,7 +75,10 @@ def trained_counts(tmp_path, size=3000):
 
 
 def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
-    proc, summary = submit(write_job(tmp_path), tmp_path, "--kill", "worker:1@40%")
+    # Progress reaches the master coalesced, once a second: the job must outlast that lag for
+    # a kill at 40% to find the worker still training.
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.02"})
+    proc, summary = submit(job, tmp_path, "--kill", "worker:1@40%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fault injection: SIGKILL to worker-1" in proc.stdout
     assert summary["status"] == "succeeded"
