@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 
 import pytest
 import torch
@@ -19,21 +18,6 @@ from tests.unit.ckpt_helpers import (
     mount_small_tmpfs,
     training_state,
 )
-
-
-@pytest.fixture
-def store():
-    ns = f"dlrover-fc-test-{uuid.uuid4().hex[:8]}"
-    stores = []
-
-    def make(rank=0, world=1, slots=2, directory=shm.SHM_DIR):
-        s = MemoryStore(ns, rank, world, slots, directory)
-        stores.append(s)
-        return s
-
-    yield make
-    for s in stores:
-        s.close(unlink=True)
 
 
 @pytest.fixture

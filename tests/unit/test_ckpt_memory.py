@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 
 import pytest
 import torch
 
 from dlrover_torch.checkpoint import layout, shm
 from dlrover_torch.checkpoint.errors import CapacityError, CheckpointError
-from dlrover_torch.checkpoint.memory import MemoryStore
 from dlrover_torch.checkpoint.preflight import check_shm
 from tests.unit.ckpt_helpers import (
     assert_same,
@@ -19,21 +17,6 @@ from tests.unit.ckpt_helpers import (
     mount_small_tmpfs,
     training_state,
 )
-
-
-@pytest.fixture
-def store():
-    ns = f"dlrover-fc-test-{uuid.uuid4().hex[:8]}"
-    stores = []
-
-    def make(rank=0, world=1, slots=2, directory=shm.SHM_DIR):
-        s = MemoryStore(ns, rank, world, slots, directory)
-        stores.append(s)
-        return s
-
-    yield make
-    for s in stores:
-        s.close(unlink=True)
 
 
 def save(s, state, step):
