@@ -4,6 +4,7 @@ on Ray or on Kubernetes; `master` is the same without the live display."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 
@@ -13,6 +14,12 @@ from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job
 from master.job.faults import FaultSpecError, parse_fault
 from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
+
+# A supervised master child's exit when a port it was given is taken (the supervisor may retry).
+PORT_TAKEN_EXIT = 75
+# How many fresh port pairs the supervisor tries when a port it picked is taken before the
+# master binds it (another process, e.g. Ray's, bound it in between).
+PORT_PICKS = 3
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -195,7 +202,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         return run_job(spec, opts)
-    except (OSError, PlatformError, TLSError) as e:
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            print(f"dlrover: error: {e.strerror}", file=sys.stderr)
+            # Under the supervisor, which may have picked that port: it can pick another.
+            return PORT_TAKEN_EXIT if args.lifeline_fd >= 0 else 2
+        print(f"dlrover: error: {e}", file=sys.stderr)
+        return 2
+    except (PlatformError, TLSError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
         return 2
 
@@ -262,14 +276,10 @@ def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
 
     run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
     host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    port = args.port or free_port(host)
-    metrics_port = spec.metrics_port or free_port(host)  # the dashboard URL survives restarts
-    # Later options win in argparse: the child and every restart share this run dir and ports.
-    child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir, "--port", str(port)]
-    child += ["--metrics-port", str(metrics_port)]
     state = args.state or os.path.join(run_dir, "state.sqlite")
     namespace = state_namespace(spec, run_dir)
     anchor = None
+    extra: list[str] = []
     if args.platform == "ray":
         # Node actors are created through an anchor this process holds: they outlive a
         # master that dies, and end with this process (see master/platform/ray/job_anchor.py).
@@ -281,9 +291,22 @@ def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
         except PlatformError as e:
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
-        child += ["--ray-namespace", ray_namespace]
+        extra += ["--ray-namespace", ray_namespace]
     try:
-        return MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace).run()
+        for pick in range(PORT_PICKS):
+            # Picked here, so every restart of the master listens where its nodes dial.
+            port = args.port or free_port(host)
+            metrics_port = spec.metrics_port or free_port(host)  # the dashboard URL too
+            # Later options win in argparse: the child and every restart share these.
+            child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir]
+            child += ["--port", str(port), "--metrics-port", str(metrics_port), *extra]
+            supervisor = MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace)
+            code = supervisor.run()
+            picked_here = not args.port or not spec.metrics_port
+            if code != PORT_TAKEN_EXIT or not picked_here or pick == PORT_PICKS - 1:
+                return 2 if code == PORT_TAKEN_EXIT else code
+            print("dlrover: a port picked for the master was taken meanwhile; picking again")
+        return 2
     finally:
         if anchor is not None:
             import ray

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import logging
 import socket
@@ -435,7 +436,7 @@ def start_server(
     except RuntimeError:  # grpc >= 1.60 raises where older releases returned 0
         bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}; choose another --port")
+        raise OSError(errno.EADDRINUSE, f"cannot listen on {host}:{port}; choose another --port")
     server.start()
     log.info("master listening on %s:%d%s", host, bound, " (TLS)" if tls else "")
     return server, bound

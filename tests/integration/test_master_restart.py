@@ -120,6 +120,35 @@ def test_a_master_that_fails_before_starting_the_job_is_not_restarted(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in out
 
 
+def test_a_port_the_supervisor_picked_and_lost_before_the_master_bound_it_is_picked_again(
+    tmp_path,
+):
+    """Another process (Ray's, in CI) may bind the port between the pick and the master's bind."""
+    job = write_job(tmp_path, workers=1, env={"FAKE_SIZE": "200"})
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        # The first pick returns the busy port; later picks are real.
+        run = (
+            "import sys; import master.platform.local as local; real = local.free_port; "
+            f"picks = iter([{taken}]); "
+            "local.free_port = lambda host='127.0.0.1': next(picks, None) or real(host); "
+            "from master.cli.main import main; sys.exit(main(sys.argv[1:]))"
+        )
+        proc = subprocess.run(
+            [DLROVER[0], "-c", run, "submit", job, "--summary-json", str(tmp_path / "s.json")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=os.path.dirname(HERE),
+        )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"cannot listen on 127.0.0.1:{taken}" in proc.stderr
+    assert "taken meanwhile; picking again" in proc.stdout
+    assert _summary(tmp_path)["status"] == "succeeded"
+
+
 @pytest.fixture
 def spec(tmp_path):
     return parse_job_spec(

@@ -85,8 +85,9 @@ class ObservabilityServer:
             self._httpd = _Server((host, port), self._handler_class(), context)
         except OSError as e:
             raise OSError(
+                e.errno,
                 f"cannot serve metrics and the dashboard on {host}:{port}: {e.strerror}; "
-                "choose another --metrics-port (0 picks a free one)"
+                "choose another --metrics-port (0 picks a free one)",
             ) from e
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
