@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from master.job.diagnosis import find_stragglers
+from master.nodes.manager import step_time_samples
 from master.nodes.model import TRAINING_TYPES, Node, NodeState
 from master.nodes.policy import heartbeat_lost, is_hung
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from master.sharding.service import ShardingService
 
 STRAGGLER_CHECK_SECONDS = 5.0
+# A node is judged a straggler only on a step time measured over this many step reports (a
+# freshly relaunched worker's first coalesced report alone may cover a slow start).
+STRAGGLER_MIN_REPORTS = 4
 # A silent node whose process uses at least this share of one core is busy, not dead.
 BUSY_CPU_PERCENT = 50.0
 # node.extra flags: what the master found (each node is judged once per finding), read again
@@ -115,7 +119,10 @@ def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> li
     measured = {
         n.id: n
         for n in nodes
-        if n.type in TRAINING_TYPES and n.state == NodeState.RUNNING and n.steps >= min_steps
+        if n.type in TRAINING_TYPES
+        and n.state == NodeState.RUNNING
+        and n.steps >= min_steps
+        and step_time_samples(n) >= STRAGGLER_MIN_REPORTS
     }
     replace = action == "replace"
     slow = find_stragglers({i: n.step_seconds for i, n in measured.items()})

@@ -15,11 +15,18 @@ from master.state.api import StateStore
 NODE_TABLE = "nodes"
 # The rank a standby node (a spare process waiting to replace a rank) talks to the master with.
 STANDBY_RANK = -1
-# A node's step time is the median of its last STEP_GAPS_KEPT gaps between step reports
-# (a median, so a pause of the whole machine or a wait for shards does not make a straggler),
-# recomputed every STEP_TIME_EVERY steps.
-STEP_GAPS_KEPT = 64
+# A node's step time is the median over its last STEP_SAMPLES_KEPT step reports of each
+# report's time per step (a median of reports, not of steps: a pause of the whole machine or a
+# wait for shards falls into one report, even one that covers many coalesced steps, and so does
+# not make a straggler), recomputed every STEP_TIME_EVERY reports.
+STEP_SAMPLES = "step_samples"
+STEP_SAMPLES_KEPT = 64
 STEP_TIME_EVERY = 8
+
+
+def step_time_samples(node: Node) -> int:
+    """How many timed step reports the node's step time rests on."""
+    return len(node.extra.get(STEP_SAMPLES, ()))
 
 
 class StaleNodeError(Exception):
@@ -200,17 +207,13 @@ class NodeManager:
         steps = max(1, steps)
         with self._lock:
             if node.steps:
-                gaps = node.extra.setdefault("step_gaps", deque(maxlen=STEP_GAPS_KEPT))
-                gap = (now - node.last_step_at) / steps
-                gaps.extend([gap] * min(steps, STEP_GAPS_KEPT))
-                # Recomputed when one of the counted steps is a multiple of STEP_TIME_EVERY.
-                first, last = node.steps, node.steps + steps - 1
-                if (
-                    len(gaps) < STEP_TIME_EVERY
-                    or first % STEP_TIME_EVERY == 0
-                    or first // STEP_TIME_EVERY != last // STEP_TIME_EVERY
-                ):
-                    node.step_seconds = statistics.median(gaps)
+                samples = node.extra.setdefault(STEP_SAMPLES, deque(maxlen=STEP_SAMPLES_KEPT))
+                samples.append((now - node.last_step_at) / steps)
+                timed = node.extra[STEP_SAMPLES + "_count"] = (
+                    node.extra.get(STEP_SAMPLES + "_count", 0) + 1
+                )
+                if timed < STEP_TIME_EVERY or timed % STEP_TIME_EVERY == 0:
+                    node.step_seconds = statistics.median(samples)
             node.steps += steps
             node.last_step_at = now
 

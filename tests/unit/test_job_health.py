@@ -6,12 +6,15 @@ from master.job.health import (
     HEARTBEAT_LOST,
     HUNG,
     STRAGGLER,
+    STRAGGLER_MIN_REPORTS,
     STRAGGLER_REPLACED,
     hang_verdicts,
     heartbeat_verdicts,
     straggler_verdicts,
 )
+from master.nodes.manager import STEP_SAMPLES, NodeManager
 from master.nodes.model import Node, NodeState
+from master.state.sqlite import SQLiteStateStore
 
 R = NodeState.RUNNING
 
@@ -50,11 +53,39 @@ def test_hang_detection_off_or_already_found():
     assert hang_verdicts([stuck], now=400.0, timeout=300.0, holding_shards={1}) == []
 
 
-def _trainers(*step_seconds, steps=50):
+def _trainers(*step_seconds, steps=50, reports=STRAGGLER_MIN_REPORTS):
     return [
-        Node("worker", i, id=10 + i, state=R, steps=steps, step_seconds=s)
+        Node(
+            "worker",
+            i,
+            id=10 + i,
+            state=R,
+            steps=steps,
+            step_seconds=s,
+            extra={STEP_SAMPLES: [s] * reports},
+        )
         for i, s in enumerate(step_seconds)
     ]
+
+
+def test_a_step_time_measured_over_too_few_reports_is_not_judged():
+    nodes = _trainers(0.1, 0.1, 0.5, reports=STRAGGLER_MIN_REPORTS - 1)
+    assert straggler_verdicts(nodes, "report", min_steps=20) == []
+
+
+def test_a_pause_inside_one_coalesced_report_does_not_make_a_straggler():
+    manager = NodeManager(SQLiteStateStore(":memory:"))
+    steady, paused = (manager.new_incarnation("worker", r, 0, 0) for r in (0, 1))
+    for node in (steady, paused):
+        manager.note_progress(node)  # the first step: no gap yet
+    for report in range(16):
+        for node in (steady, paused):
+            # 20 steps of 50 ms a report; `paused`'s last two took 3 s (a stalled machine): 40
+            # of its last 64 steps, but 2 of its 16 reports
+            node.last_step_at -= 3.0 if (node is paused and report >= 14) else 1.0
+            manager.note_progress(node, steps=20)
+    assert abs(paused.step_seconds - 0.05) < 0.005 and abs(steady.step_seconds - 0.05) < 0.005
+    assert straggler_verdicts([steady, paused], "report", min_steps=20) == []
 
 
 def test_a_worker_far_slower_than_its_peers_is_reported():
