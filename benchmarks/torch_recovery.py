@@ -45,6 +45,7 @@ POLL_SECONDS = 0.02
 # torchrun as users run it, and with the workaround that keeps it from reusing a stale store.
 LAUNCHERS = ("dlrover-run", "torchrun", "torchrun-noshare")
 DLROVER = f"dlrover-{anchors.DLROVER_VERSION}"  # the reference system, from .anchors/
+NORMAL_PRIORITY = "dlrover-run-normal"  # spares at normal CPU priority (--spare-priority)
 _SPARES = re.compile(r"(\d+) spare worker\(s\) ready")
 
 
@@ -56,15 +57,20 @@ class Launcher:
     ) -> None:
         self.name, self.nproc = name, nproc
         self.events = os.path.join(workdir, f"{name}.{run}.events.jsonl")
+        if os.path.exists(self.events):
+            raise RuntimeError(f"{self.events} exists: every launcher run needs its own")
         self._seen: list[dict] = []
         self._offset = 0
         self.log = os.path.join(workdir, f"{name}.{run}.log")
-        exe = os.path.join(BIN, "dlrover-run" if name == "dlrover-run" else "torchrun")
+        ours = name.startswith("dlrover-run")
+        exe = os.path.join(BIN, "dlrover-run" if ours else "torchrun")
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
         if name == "torchrun-noshare":
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         flags = ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts)]
         flags += ["--monitor-interval", "0.1"]
+        if name == NORMAL_PRIORITY:
+            flags += ["--spare-priority", "normal"]
         self.master: anchors.DLRoverMaster | None = None
         if name == DLROVER:
             self.master = anchors.DLRoverMaster(f"bench{run}", self.log)
@@ -182,7 +188,7 @@ def measure(name: str, workdir: str, trials: int, settle: float, timeout: float,
     failed = 0
     launcher = None
     restart = 0
-    runs = 0
+    runs = len([f for f in os.listdir(workdir) if f.startswith(f"{name}.")])  # earlier rounds
     try:
         while len(results) + failed < trials:
             if launcher is None:
@@ -193,7 +199,7 @@ def measure(name: str, workdir: str, trials: int, settle: float, timeout: float,
                     raise RuntimeError(f"{name} did not start training; see {launcher.log}")
             entered = group_time(launcher, restart, "loop")
             time.sleep(max(0.0, entered + settle - time.time()))
-            spares = launcher.spares_ready() if name == "dlrover-run" else None
+            spares = launcher.spares_ready() if name.startswith("dlrover-run") else None
             victim = [e for e in launcher.group(restart, "loop") if e["rank"] == 1][0]
             t_kill = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
@@ -249,7 +255,11 @@ def main() -> int:
     p.add_argument("--step-seconds", type=float, default=0.02)
     p.add_argument("--hidden", type=int, default=256, help="MLP width of the example model")
     p.add_argument("--keep", action="store_true", help="keep the logs and events (printed path)")
-    p.add_argument("--launchers", default=",".join(LAUNCHERS) + "," + DLROVER)
+    p.add_argument(
+        "--launchers",
+        default=",".join(LAUNCHERS) + "," + DLROVER,
+        help=f"comma separated; also {NORMAL_PRIORITY} (dlrover-run --spare-priority normal)",
+    )
     args = p.parse_args()
     load_before = os.getloadavg()
     workdir = tempfile.mkdtemp(prefix="torch_recovery_")
@@ -295,6 +305,15 @@ def main() -> int:
         "step_ratio_vs_torchrun": ratio("torchrun", "step_s_median"),
         "step_ratio_vs_torchrun_noshare": ratio("torchrun-noshare", "step_s_median"),
         "step_ratio_vs_dlrover": ratio(DLROVER, "step_s_median"),
+        "normal_priority_step_ratio_vs_torchrun_noshare": (
+            round(
+                figures[NORMAL_PRIORITY]["step_s_median"]
+                / figures["torchrun-noshare"]["step_s_median"],
+                2,
+            )
+            if NORMAL_PRIORITY in figures and "torchrun-noshare" in figures
+            else None
+        ),
         "pg_ready_ratio_vs_torchrun_noshare": ratio("torchrun-noshare", "pg_ready_s_median"),
         "targets": {
             "pg_ready_median_le_0.3s": bool(

@@ -26,6 +26,7 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 
+from dlrover_torch import priority
 from dlrover_torch.hang import HangConfig, HangDetector
 from dlrover_torch.preload import DEFAULT_PRELOAD
 from dlrover_torch.progress import ENV_PROGRESS_FILE
@@ -58,6 +59,7 @@ class AgentConfig:
 
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
+    spare_low_priority: bool = True  # spares warm at low CPU priority (see priority.py)
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     python: str = sys.executable
     host_worker_store: bool = True
@@ -107,6 +109,7 @@ class DLRoverElasticAgent(LocalElasticAgent):
                 preload=config.preload,
                 python=config.python,
                 command=command,
+                lowering=None if config.spare_low_priority else priority.NONE,
             )
             if config.spare_workers
             else None

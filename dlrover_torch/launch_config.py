@@ -70,6 +70,7 @@ class LaunchConfig:
     node_check_timeout: float = 60.0
     hang: HangConfig = field(default_factory=HangConfig)
     spare_workers: bool = True
+    spare_low_priority: bool = True
     exit_barrier_timeout: float = 300.0
 
     @property
@@ -149,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-spare-workers",
         action="store_true",
         help="Start each worker as a fresh process instead of from a spare with torch imported.",
+    )
+    group.add_argument(
+        "--spare-priority",
+        choices=("low", "normal"),
+        default="low",
+        help="CPU priority of spare workers while they import (low: they never slow the "
+        "training; normal: they are warm sooner when every core is busy).",
     )
     group.add_argument(
         "--exit-barrier-timeout",
@@ -342,6 +350,7 @@ def config_from_args(
         logs_specs_name=args.logs_specs,
         # numactl wraps a fresh process's command line, which a spare cannot have
         spare_workers=not (args.no_spare_workers or args.no_python or args.numa_binding),
+        spare_low_priority=args.spare_priority == "low",
         exit_barrier_timeout=args.exit_barrier_timeout,
     )
     return config, args

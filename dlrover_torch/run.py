@@ -215,6 +215,7 @@ def build_agent(
         config=AgentConfig(
             hang=cfg.hang,
             spare_workers=cfg.spare_workers,
+            spare_low_priority=cfg.spare_low_priority,
             python=cfg.python,
             lost_node_wait_seconds=float(cfg.rdzv_configs.get("lease_timeout", 10)) + 2.0,
         ),
