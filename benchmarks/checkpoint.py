@@ -104,46 +104,70 @@ def first_save(size_gib: float, root: str) -> dict[str, Any]:
     return res
 
 
-def dlrover_flash_save(size_gib: float, root: str) -> dict[str, Any]:
-    """DLRover's flash checkpoint on the same state, in the anchors' interpreter."""
+def dlrover_flash_save(size_gib: float, root: str, attempts: int = 2) -> dict[str, Any]:
+    """DLRover's flash checkpoint on the same state, in the anchors' interpreter. Its saver's
+    start-up sometimes never finishes here: such a run is killed after 180 s and tried again."""
     exe = anchors.python()
     if exe is None:
         return {"skipped": anchors.MISSING}
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [exe, os.path.join(here, "anchor_flash_save.py"), str(size_gib)]
     cmd += [os.path.join(root, f"dlrover-{size_gib}"), str(2 + WARM_SAVES)]
-    shutil.rmtree("/tmp/ckpt_sock", ignore_errors=True)  # DLRover's fixed socket dir: stale
-    proc = subprocess.Popen(  # sockets there from an earlier killed run make it wait a minute
+    hung = 0
+    for _ in range(attempts):
+        out = _run_anchor(cmd)
+        if out is None:
+            hung += 1
+            continue
+        try:
+            doc = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"skipped": "DLRover's flash save failed", "hung": hung}
+        times = doc["save_s"]
+        return {
+            "version": anchors.DLROVER_VERSION,
+            "first_save_s": times[0],
+            "second_save_s": times[1],
+            "warm_save_median_s": statistics.median(times[2:]),
+            "returned": doc["returned"],
+            "hung_attempts": hung,
+        }
+    return {"skipped": f"DLRover's flash save hung {hung} time(s) (killed after 180 s)"}
+
+
+def _run_anchor(cmd: list[str]) -> str | None:
+    """Run one DLRover save child in a session of its own; its stdout, None if it hung."""
+    for stale in ("/tmp/ckpt_sock",):  # DLRover's fixed socket dir: stale sockets make it wait
+        shutil.rmtree(stale, ignore_errors=True)
+    # A file, not a pipe: DLRover's saver process inherits the child's stdout and keeps a pipe
+    # open after the child exited.
+    out_file = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(
         cmd,
-        stdout=subprocess.PIPE,
+        stdout=out_file,
         stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
-        out, _ = proc.communicate(timeout=600)
+        proc.wait(timeout=180)
+        out_file.seek(0)
+        out: str | None = out_file.read()
+    except subprocess.TimeoutExpired:
+        out = None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # its saver process lives in the session
         except ProcessLookupError:
             pass
+        proc.wait()
         for name in os.listdir("/dev/shm"):
             if name.startswith("ckpt_shm_"):  # DLRover's segment (fixed names)
                 shm_mod.unlink_quietly(os.path.join("/dev/shm", name))
         shutil.rmtree("/tmp/ckpt_sock", ignore_errors=True)
-    try:
-        doc = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"skipped": f"DLRover's flash save failed (exit {proc.returncode})"}
-    times = doc["save_s"]
-    return {
-        "version": anchors.DLROVER_VERSION,
-        "first_save_s": times[0],
-        "second_save_s": times[1],
-        "warm_save_median_s": statistics.median(times[2:]),
-        "returned": doc["returned"],
-    }
+        out_file.close()
+    return out
 
 
 class FloorCopy:
