@@ -142,3 +142,10 @@ def test_node_check_verdict():
     v = classify({0: ok(0, 1.0), 1: ProbeResult(1, False, error="boom")}, 2, 2.0)
     assert v.faulty == [1] and v.stragglers == []
     assert v.to_dict()["results"]["1"]["error"] == "boom"
+
+
+def test_spares_warm_at_low_priority_unless_asked_otherwise():
+    assert cfg(SCRIPT).spare_low_priority
+    assert not cfg("--spare-priority", "normal", SCRIPT).spare_low_priority
+    with pytest.raises(SystemExit):
+        cfg("--spare-priority", "high", SCRIPT)
