@@ -192,7 +192,9 @@ class PSStandbyMixin:
         memory_mb = memory_mb or self.spec.ps.memory_mb
         cpu = cpu or self.spec.ps.cpu
         enforced = self.platform.enforces_resources
-        if not may_replace(s, current, memory_mb, cpu, enforced):
+        if not may_replace(s, current, memory_mb, cpu, enforced) or not (
+            self.platform.can_stand_in(s.id, node_type, rank)
+        ):
             if s is not None and current is not None and current.id >= s.id:
                 # Older than the PS it would replace (e.g. after a PS count change): a new
                 # standby, with a newer id, takes its place.

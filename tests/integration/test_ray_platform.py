@@ -26,6 +26,7 @@ from tests.integration.test_local_job import (
     trained_counts,
     write_job,
 )
+from tests.integration.test_ps_standby import standby_story
 
 # Not importorskip: ray must not be imported before the cluster fixture asks for loopback.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
@@ -405,3 +406,7 @@ def test_master_actor_killed_mid_job_is_restarted_by_ray(ray_address, tmp_path):
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not {"dlrover-job-anchor", "dlrover-master"} & names, names
     assert "master actor died; Ray restarts it" in out or "restarted=True" in log
+
+
+def test_a_killed_ps_is_replaced_by_a_standby_actor_at_its_address(ray_address, tmp_path):
+    standby_story(tmp_path, "--platform", "ray", "--ray-address", ray_address)

@@ -51,6 +51,9 @@ class RayPlatform(Platform):
     multi-host cluster it must not be loopback.
     """
 
+    # A standby PS is an actor of the PS group's resources on the Ray node of ps-0.
+    runs_ps_standby = True
+
     def __init__(self, host: str = "127.0.0.1", address: str = "", namespace: str = "") -> None:
         super().__init__()
         self.host = host
@@ -106,7 +109,10 @@ class RayPlatform(Platform):
         if self._closed:
             raise RuntimeError("the Ray platform is shut down")
         with self._lock:
-            node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
+            if spec.rank < 0:  # a standby: beside the rank it most likely replaces
+                node = self._placement.standby_node(spec.type)
+            else:
+                node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
         options: dict[str, Any] = {
             "num_cpus": spec.cpu if spec.cpu > 0 else MIN_NODE_CPU,
             "scheduling_strategy": self._affinity(node.node_id, soft=False),
@@ -130,6 +136,12 @@ class RayPlatform(Platform):
         log.info(
             "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
         )
+
+    def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
+        with self._lock:
+            run = self._running.get(standby_id)
+            slot = self._placement.get(node_type, rank)
+        return run is not None and slot is not None and run.node.node_id == slot.node.node_id
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
         with self._lock:
