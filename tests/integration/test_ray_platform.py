@@ -15,7 +15,8 @@ import time
 import psutil
 import pytest
 
-from master.platform.api import NodeEvent, NodeLaunchSpec
+from master.client.position import decode_positions
+from master.platform.api import POSITIONS_DETAIL, NodeEvent, NodeLaunchSpec
 from master.platform.ray.connect import AUTH_MODE_ENV, LOOPBACK_ENV, start_local_cluster
 from master.platform.ray.platform import RayPlatform
 from tests.integration.test_local_job import (
@@ -177,6 +178,37 @@ def test_node_env_is_the_ray_nodes_env_plus_the_jobs(platform, tmp_path):
     assert env["PATH"] == os.environ["PATH"]  # from the Ray node (here: this machine)
     assert not [k for k in env if k.startswith("RAY_")]
     assert "OMP_NUM_THREADS" not in env or "OMP_NUM_THREADS" in os.environ
+
+
+def test_a_killed_trainers_last_position_is_read_back_on_its_ray_node(platform, tmp_path):
+    # As a coalescing progress stream does: every step's position in the file the platform
+    # names, then a death between two reports to the master.
+    write = (
+        "import os, time;"
+        "from master.client.position import PositionFile, stream_position_path;"
+        "f = PositionFile(stream_position_path(os.environ['DLROVER_POSITION_FILE']));"
+        "f.write({'train': {3: 64, 4: 128}}); print('written', flush=True); time.sleep(120)"
+    )
+    spec = NodeLaunchSpec(
+        "worker",
+        0,
+        8,
+        (sys.executable, "-c", write),
+        {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))},
+        str(tmp_path),
+        str(tmp_path / "logs" / "pos.log"),
+    )
+    platform.launch(spec)
+    deadline = time.monotonic() + 60
+    while "written" not in _read(spec.log_path).splitlines():  # a line (the header quotes it)
+        assert time.monotonic() < deadline, _read(spec.log_path)
+        time.sleep(0.05)
+    assert platform.read_positions(spec.id) == {"train": [(3, 64), (4, 128)]}
+    assert platform.signal_node(spec.id, signal.SIGKILL)
+    event = next_event(platform)
+    assert event.exit_code == -signal.SIGKILL
+    assert decode_positions(event.details[POSITIONS_DETAIL]) == {"train": [(3, 64), (4, 128)]}
+    assert platform.read_positions(spec.id) == {}  # ended: nothing more to read
 
 
 def test_signal_node_sigkill_gives_exit_minus_9(platform, tmp_path):

@@ -10,7 +10,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.client.position import decode_positions
+from master.platform.api import (
+    POSITIONS_DETAIL,
+    NodeEvent,
+    NodeLaunchSpec,
+    Platform,
+    PlatformError,
+)
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
 from master.platform.ray.node_actor import NodeActor, node_actor_name
@@ -136,6 +143,18 @@ class RayPlatform(Platform):
         log.info(
             "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
         )
+
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """The running node's position files, read by its actor on its Ray node."""
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return {}
+        try:
+            return decode_positions(self._ray.get(run.actor.positions.remote(), timeout=10))
+        except Exception as e:  # a dead actor, or one of an older master without the method
+            log.warning("cannot read the positions of node id=%d: %s", node_id, e)
+            return {}
 
     def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
         with self._lock:
@@ -298,8 +317,16 @@ class RayPlatform(Platform):
     def _event_for(self, run: _Running) -> NodeEvent:
         spec = run.spec
         try:
-            code, tail = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
-            return NodeEvent(spec.type, spec.rank, spec.id, exit_code=int(code), message=tail)
+            code, tail, *rest = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
+            positions = rest[0] if rest else ""  # an actor of an older master has none
+            return NodeEvent(
+                spec.type,
+                spec.rank,
+                spec.id,
+                exit_code=int(code),
+                message=tail,
+                details={POSITIONS_DETAIL: positions} if positions else {},
+            )
         except Exception as e:  # a dead actor (RayError), or Ray itself gone
             text = " ".join(str(e).split())
             lowered = text.lower()
