@@ -211,6 +211,31 @@ def test_a_killed_trainers_last_position_is_read_back_on_its_ray_node(platform, 
     assert platform.read_positions(spec.id) == {}  # ended: nothing more to read
 
 
+def test_cpu_of_a_busy_and_an_idle_node_is_measured_on_their_ray_node(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    busy = nodes.launch(READY + "import itertools; any(False for _ in itertools.count())", rank=0)
+    idle = nodes.launch(SLEEPER, rank=1)
+    nodes.wait_ready(busy, idle)
+    first, deadline = {}, time.monotonic() + 30
+    while set(first) != {busy.id, idle.id}:  # the first call only asks
+        assert time.monotonic() < deadline, first
+        first = platform.cpu_seconds([busy.id, idle.id])
+        time.sleep(0.1)
+    started = time.monotonic()
+    later = first
+    while later[busy.id] - first[busy.id] < 0.5:  # half a core-second spent spinning
+        assert time.monotonic() - started < 30, later
+        time.sleep(0.2)
+        later = {**later, **platform.cpu_seconds([busy.id, idle.id])}
+    assert later[idle.id] - first[idle.id] < 0.2
+    platform.signal_node(busy.id, signal.SIGKILL)
+    assert next_event(platform).id == busy.id
+    deadline = time.monotonic() + 10
+    while busy.id in platform.cpu_seconds([busy.id, idle.id]):  # an ended node is left out
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_signal_node_sigkill_gives_exit_minus_9(platform, tmp_path):
     nodes = Launcher(platform, tmp_path)
     spec = nodes.launch(SLEEPER)

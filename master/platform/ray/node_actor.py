@@ -20,6 +20,7 @@ from master.platform.local import (
     read_tail,
     spawn_logged,
 )
+from master.platform.proc_stats import process_groups_cpu_seconds
 
 
 def node_actor_name(node_id: int) -> str:
@@ -68,6 +69,12 @@ class NodeActor:
         kill_process_group(self._proc.pid, signal.SIGKILL)
         tail = read_tail(self.spec.log_path) if code != 0 else ""
         return code, tail, encode_positions(collect_positions(position_base_for(self.spec)))
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the node's process group used so far; None once it has ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return process_groups_cpu_seconds([self._proc.pid]).get(self._proc.pid)
 
     def positions(self) -> str:
         """The data positions the running node's trainers recorded so far (encoded)."""

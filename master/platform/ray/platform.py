@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,9 @@ class RayPlatform(Platform):
 
         self._lock = threading.Lock()  # guards _running and _placement
         self._running: dict[int, _Running] = {}
+        # cpu_seconds: requests still unanswered, and the last figure of each running node
+        self._cpu_pending: dict[int, Any] = {}
+        self._cpu_used: dict[int, float] = {}
         self._closed = False
         self._wake = threading.Event()
         self._stop_watch = threading.Event()
@@ -143,6 +147,34 @@ class RayPlatform(Platform):
         log.info(
             "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
         )
+
+    def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
+        """CPU seconds of each node's process group, measured by its actor on its Ray node.
+        Never blocks the caller: each call collects the answers to the previous one's requests
+        and asks again, so the figures are one call old."""
+        ray = self._ray
+        with self._lock:
+            runs = {i: r for i in node_ids if (r := self._running.get(i)) is not None}
+        pending = self._cpu_pending
+        if pending:
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
+            answered = set(ready)
+            for node_id, ref in list(pending.items()):
+                if ref not in answered:
+                    continue
+                del pending[node_id]
+                try:
+                    seconds = ray.get(ref, timeout=0)
+                except Exception:  # a dead actor, or one of an older master without the method
+                    seconds = None
+                if seconds is not None:
+                    self._cpu_used[node_id] = float(seconds)
+        for node_id in set(self._cpu_used) - set(runs):
+            del self._cpu_used[node_id]
+        for node_id, run in runs.items():
+            if node_id not in pending:
+                pending[node_id] = run.actor.cpu_seconds.remote()
+        return {i: self._cpu_used[i] for i in runs if i in self._cpu_used}
 
     def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
         """The running node's position files, read by its actor on its Ray node."""
