@@ -465,5 +465,6 @@ def test_master_actor_killed_mid_job_is_restarted_by_ray(ray_address, tmp_path):
     assert "master actor died; Ray restarts it" in out or "restarted=True" in log
 
 
+@pytest.mark.slow  # a real TF PS and its standby
 def test_a_killed_ps_is_replaced_by_a_standby_actor_at_its_address(ray_address, tmp_path):
     standby_story(tmp_path, "--platform", "ray", "--ray-address", ray_address)
