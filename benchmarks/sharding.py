@@ -43,12 +43,17 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sharding_dlrover  # noqa: E402
+
 # DLRover 0.6.1 with its own client on this machine, as given in the issue (not measured here):
 # clients -> (round trips per second, p99 latency in ms).
 DLROVER_REF = {1: (1316.0, 1.3), 16: (2241.0, 11.0), 64: (1695.0, 102.0)}
 TARGET_CLIENTS = 64
 TARGET_RATIO = 3.0
 TARGET_P99_MS = 10.0
+TARGET_CPU_RATIO_TO_ECHO = 1.5
+TARGET_RATIO_TO_DLROVER = 1.7
 
 WORKER_REPLICAS = 64
 SERVER_THREADS = 512  # as `dlrover submit` (MasterConfig.max_workers)
@@ -522,7 +527,16 @@ def run_phase(
         msg = proc.recv(wait, f"running {kind} round trips")
         latencies.frombytes(msg[1])
         drain = max(drain, msg[2])
+    return figures_of(latencies, seconds, (server_cpu, client_cpu, other_cpu), drain)
+
+
+def figures_of(
+    latencies, seconds: float, cpu: tuple[float, float, float], drain: float = 0.0
+) -> Figures:
+    """A phase's figures from its window's latencies (seconds) and (server, clients, other)
+    CPU seconds."""
     values = sorted(latencies)
+    server_cpu, client_cpu, other_cpu = cpu
     return Figures(
         round_trips_per_s=len(values) / seconds,
         p50_ms=percentile(values, 50) * 1000,
@@ -551,23 +565,37 @@ def _figures(f: Figures) -> dict:
 
 
 def build_results(
-    measured: dict[int, dict[tuple[str, str], Figures]], steps: int, modes: list[str]
+    measured: dict[int, dict[tuple[str, str], Figures]],
+    steps: int,
+    modes: list[str],
+    dlrover: dict[int, Figures] | None = None,
 ) -> dict:
-    """The JSON document: per client count, master and echo figures of each mode, and whether
-    the 64-client target is met (by the worker mode: what real workers do)."""
+    """The JSON document: per client count, master and echo figures of each mode (and DLRover's
+    master when measured), and whether the 64-client targets are met (by the worker mode: what
+    real workers do)."""
+    dlrover = dlrover or {}
     results = []
     for n, by in measured.items():
         ref = DLROVER_REF.get(n)
+        theirs = dlrover.get(n)
         entry: dict = {"clients": n}
         for mode in modes:
             ours, echo = by[("master", mode)], by[("echo", mode)]
             entry[mode] = _figures(ours)
             entry[f"echo_{mode}"] = _figures(echo)
             entry[f"{mode}_ratio_to_echo"] = _ratio(ours.round_trips_per_s, echo.round_trips_per_s)
+            entry[f"{mode}_server_cpu_ratio_to_echo"] = _ratio(
+                ours.server_cpu_us, echo.server_cpu_us
+            )
             entry[f"{mode}_ratio_to_dlrover_ref"] = (
                 _ratio(ours.round_trips_per_s, ref[0]) if ref else None
             )
-        entry["other_load_cpu_pct"] = round(max(f.other_cpu_pct for f in by.values()), 1)
+            entry[f"{mode}_ratio_to_dlrover"] = (
+                _ratio(ours.round_trips_per_s, theirs.round_trips_per_s) if theirs else None
+            )
+        entry["dlrover"] = _figures(theirs) if theirs else None
+        others = [*by.values(), *([theirs] if theirs else [])]
+        entry["other_load_cpu_pct"] = round(max(f.other_cpu_pct for f in others), 1)
         results.append(entry)
     target = measured.get(TARGET_CLIENTS)
     met = bool(
@@ -577,12 +605,22 @@ def build_results(
         >= TARGET_RATIO * DLROVER_REF[TARGET_CLIENTS][0]
         and target[("master", "worker")].p99_ms < TARGET_P99_MS
     )
+    # Issue 16: master CPU per round trip within 1.5x the echo's, 1.7x DLRover's round trips.
+    top = next((r for r in results if r["clients"] == TARGET_CLIENTS and "worker" in r), None)
     return {
         "benchmark": "sharding",
         "steps_per_shard": steps,
         "modes": modes,
         "results": results,
         "target_met_64": met,
+        "cpu_within_1_5x_echo_64": (
+            top["worker_server_cpu_ratio_to_echo"] <= TARGET_CPU_RATIO_TO_ECHO if top else None
+        ),
+        "at_least_1_7x_dlrover_64": (
+            top["worker_ratio_to_dlrover"] >= TARGET_RATIO_TO_DLROVER
+            if top and top["worker_ratio_to_dlrover"] is not None
+            else None
+        ),
     }
 
 
@@ -640,6 +678,27 @@ def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
                 f"{ours['client_cpu_us_per_rt']:>7,.0f} | {echo['server_cpu_us_per_rt']:>11,.0f} "
                 f"{echo['client_cpu_us_per_rt']:>7,.0f} | {r['other_load_cpu_pct']:>15.0f}\n"
             )
+    if any(r["dlrover"] for r in doc["results"]):
+        w(
+            "\nDLRover 0.6.1's job master (anchors environment), measured in this run: the same "
+            "client counts,\neach a DLRover GrpcMasterClient: get_task + report_task_result per "
+            "shard\n\n"
+        )
+        head = (
+            f"{'clients':>7} | {'DLRover rt/s':>12} {'p50 ms':>7} {'p99 ms':>7} "
+            f"{'CPU us/rt server':>16} {'clients':>7} | {'ours/DLRover rt/s':>17} (worker mode)"
+        )
+        w(head + "\n" + "-" * len(head) + "\n")
+        for r in doc["results"]:
+            d = r["dlrover"]
+            if d:
+                ratio = r.get("worker_ratio_to_dlrover")
+                shown = f"{ratio:>16.2f}x" if ratio is not None else f"{'-':>17}"
+                w(
+                    f"{r['clients']:>7} | {d['round_trips_per_s']:>12,.0f} {d['p50_ms']:>7.2f} "
+                    f"{d['p99_ms']:>7.2f} {d['server_cpu_us_per_rt']:>16,.0f} "
+                    f"{d['client_cpu_us_per_rt']:>7,.0f} | {shown}\n"
+                )
     worst = max((r["other_load_cpu_pct"] for r in doc["results"]), default=0.0)
     if worst > OTHER_LOAD_WARN_PCT:
         w(
@@ -652,7 +711,17 @@ def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
     verdict = ("MET" if doc["target_met_64"] else "NOT MET") if measured else "not measured (no 64)"
     w(
         f"target at {TARGET_CLIENTS} clients (worker mode): >= {ref_tp:,.0f} rt/s "
-        f"({TARGET_RATIO:g}x DLRover ref) and p99 < {TARGET_P99_MS:g} ms: {verdict}\n\n"
+        f"({TARGET_RATIO:g}x DLRover ref) and p99 < {TARGET_P99_MS:g} ms: {verdict}\n"
+    )
+
+    def said(value: bool | None) -> str:
+        return "not measured" if value is None else ("MET" if value else "NOT MET")
+
+    w(
+        f"master CPU per round trip <= {TARGET_CPU_RATIO_TO_ECHO:g}x the echo's at "
+        f"{TARGET_CLIENTS} clients: {said(doc['cpu_within_1_5x_echo_64'])}; round trips >= "
+        f"{TARGET_RATIO_TO_DLROVER:g}x DLRover's master in this run: "
+        f"{said(doc['at_least_1_7x_dlrover_64'])}\n\n"
     )
     out.flush()
 
@@ -670,6 +739,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: worker, unary (both)")
     p.add_argument("--json-only", action="store_true", help="print only the JSON line")
+    p.add_argument(
+        "--no-dlrover",
+        dest="dlrover",
+        action="store_false",
+        help="skip DLRover 0.6.1's master (measured when the anchors environment exists)",
+    )
     args = p.parse_args(argv)
     try:
         args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
@@ -703,8 +778,19 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     children: list[_Child] = []
     measured: dict[int, dict[tuple[str, str], Figures]] = {}
+    dlrover: dict[int, Figures] = {}
+    theirs = None
     with tempfile.TemporaryDirectory(prefix="bench-sharding-") as tmp:
         try:
+            if args.dlrover and sharding_dlrover.available():
+                theirs = sharding_dlrover.DLRoverShards(
+                    os.path.join(tmp, "dlrover-master.log"), max(args.clients)
+                )
+                log.info(
+                    "DLRover's master pid %d at %s", theirs.master.proc.pid, theirs.master.addr
+                )
+            elif args.dlrover:
+                log.warning("%s", sharding_dlrover.anchors.MISSING)
             master = _Child(ctx, "master", _server_main, "master", tmp)
             children.append(master)
             echo = _Child(ctx, "echo", _server_main, "echo", tmp)
@@ -756,10 +842,26 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         by[(kind, mode)] = f
                 measured[n] = by
+                if theirs is not None:
+                    latencies, cpu = theirs.measure(n, args.warmup, args.seconds)
+                    f = dlrover[n] = figures_of(latencies, args.seconds, cpu)
+                    log.info(
+                        "%2d clients, DLRover's master: %7.0f rt/s, p50 %.2f ms, p99 %.2f ms, "
+                        "CPU us/rt server %.0f clients %.0f, other load %.0f%%",
+                        n,
+                        f.round_trips_per_s,
+                        f.p50_ms,
+                        f.p99_ms,
+                        f.server_cpu_us,
+                        f.client_cpu_us,
+                        f.other_cpu_pct,
+                    )
         finally:
+            if theirs is not None:
+                theirs.stop()
             for child in reversed(children):
                 child.stop()
-    doc = build_results(measured, args.steps_per_shard, args.modes)
+    doc = build_results(measured, args.steps_per_shard, args.modes, dlrover)
     if not args.json_only:
         print_table(doc, args.seconds)
     print(json.dumps(doc), flush=True)
