@@ -236,6 +236,16 @@ class PSMigrator:
         self._on_phase("detected")
         return m
 
+    def awaits(self, key: bytes) -> bool:
+        """Whether `key` is an answer the active change waits for (a worker's pause ack, the
+        chief's checkpoint): the master's loop then advances it at once, not at its next tick."""
+        m = self._active
+        if m is None:
+            return False
+        if m.phase == "pausing":
+            return any(key == pause_key(m.pause_number, f"ack/{w}") for w in m.pausing)
+        return m.phase == "checkpoint" and key == checkpoint_request_key(m.request_number, "done")
+
     @property
     def active(self) -> _Migration | None:
         return self._active

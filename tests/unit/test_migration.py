@@ -80,6 +80,27 @@ def test_a_migration_pauses_workers_checkpoints_retires_the_old_ps_then_complete
     assert job.migrator.on_exit(new) is None  # nothing in progress any more
 
 
+def test_the_migrator_names_the_answers_it_waits_for():
+    """The master's loop advances a change at once when one of these keys is written."""
+    job = Job()
+    job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-0"))  # not started yet
+    job.migrator.advance()
+    assert job.migrator.awaits(pause_key(1, "ack/worker-0"))
+    assert job.migrator.awaits(pause_key(1, "ack/worker-1"))
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-7"))  # not waited for
+    assert not job.migrator.awaits(checkpoint_request_key(1, "done"))  # not asked yet
+    for w in ("worker-0", "worker-1"):
+        job.kv.set(pause_key(1, f"ack/{w}"), b"1")
+    job.migrator.advance()
+    assert job.migrator.awaits(checkpoint_request_key(1, "done"))
+    assert not job.migrator.awaits(checkpoint_request_key(2, "done"))
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-0"))
+    job.kv.set(checkpoint_request_key(1, "done"), b"740")
+    job.migrator.advance()
+    assert not job.migrator.awaits(checkpoint_request_key(1, "done"))  # stopping the old PS
+
+
 def test_workers_that_do_not_pause_in_time_do_not_block_the_migration(monkeypatch):
     job = Job()
     job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
