@@ -179,8 +179,13 @@ class _CheckpointOnRequestHook(tf.estimator.SessionRunHook):
         session = run_context.session
         step = int(session.run(self._global_step))
         self._master.save_ledgers(step)
+        # No meta graph: the restoring chief builds its own graph, and exporting this one is
+        # most of the save's time (example model at load ~10: 0.05-0.18 s with it, 0.005 s without).
         path = self._saver.save(
-            session, os.path.join(self._model_dir, "model.ckpt"), global_step=step
+            session,
+            os.path.join(self._model_dir, "model.ckpt"),
+            global_step=step,
+            write_meta_graph=False,
         )
         self._master.report_checkpoint(step, path, ())
         # The answer the master waits for before it acts (e.g. retires a PS).

@@ -1,5 +1,6 @@
 """ProgressStream: a node's progress reports on one long-lived stream to the master, one per step
-or, with a position file, coalesced to one per second."""
+or, with a position file, coalesced to one per second (the first step after a quiet second
+goes out at once)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ class ProgressStream:
     reads positions back when the trainer dies; see master.client.position), send() only
     writes the step's position there, and the steps of each `flush_seconds` go out as one
     report from a thread of the stream's own: a tenth of the master's work at 10 steps/s,
-    and the same bound of one batch.
+    and the same bound of one batch. A step taken after an interval without a report (the
+    first after a pause or a recovery) goes out at once: the master learns that training
+    resumed without waiting for the next interval.
     """
 
     _END = object()
@@ -86,6 +89,8 @@ class ProgressStream:
         self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
         self._heartbeat: HeartbeatThread | None = None
+        self._flush_soon = threading.Event()  # wakes the flusher before its interval ends
+        self._flushed_at = time.monotonic()  # of the latest flush (a new stream: now)
 
     def carry_heartbeats(self, heartbeat: HeartbeatThread | None) -> None:
         """Coalesced reports carry the node's heartbeat (its stats), and `heartbeat` skips its
@@ -216,6 +221,8 @@ class ProgressStream:
             for d, shards in self._pending.items():
                 merged.setdefault(d, {}).update(shards)
             self._position.write(merged)
+            if time.monotonic() - self._flushed_at >= self._flush_seconds:
+                self._flush_soon.set()  # the first step after a quiet interval
             if self._flusher is None:
                 self._stop_flusher.clear()
                 self._flusher = threading.Thread(
@@ -224,7 +231,11 @@ class ProgressStream:
                 self._flusher.start()
 
     def _flush_loop(self) -> None:
-        while not self._stop_flusher.wait(self._flush_seconds):
+        while True:
+            self._flush_soon.wait(self._flush_seconds)
+            if self._stop_flusher.is_set():
+                return
+            self._flush_soon.clear()
             try:
                 self.flush()
             except Exception as e:  # the master is away: the next interval tries again
@@ -237,6 +248,7 @@ class ProgressStream:
             with self._pending_lock:
                 if not self._pending:
                     return
+                self._flushed_at = time.monotonic()
                 batch, self._pending = self._pending, {}
                 steps, self._pending_steps = self._pending_steps, 0
                 loss, self._pending_loss = self._pending_loss, None
@@ -275,6 +287,7 @@ class ProgressStream:
         """Flush: end the stream and wait until the master has applied every report."""
         if self._flusher is not None:
             self._stop_flusher.set()
+            self._flush_soon.set()
             self._flusher.join(timeout)
             self._flusher = None
             self.flush()

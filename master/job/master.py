@@ -121,6 +121,7 @@ class JobMaster(
         self.kv.add_listener(self._timeline_on_kv)
         self._init_standby()
         self.kv.add_listener(self._standby_ready)
+        self.kv.add_listener(self._wake_for_ps_change)
         self._init_checkpoint_interval()
         self.state = JobState.PENDING
         self.reason = ""
@@ -190,6 +191,7 @@ class JobMaster(
             self._refuse_ps_change_under_keras()
             done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
             self._open_timeline(PS_RESIZE, f"ps {self._replicas['ps']} -> {replicas}")
+            self._wake_loop()
             result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
             return ScaleResult(result.previous, result.ps_count, self.cluster_version)
         check_scale_request(self.spec, node_type, replicas, self._replicas["chief"])
@@ -216,6 +218,7 @@ class JobMaster(
             node_type, rank, memory_mb, cpu, reason, self._replicas.get(node_type, 0)
         )
         self._open_timeline(PS_MIGRATION, f"{node_type}-{rank}")
+        self._wake_loop()
         return done.result(timeout)
 
     def run(self, resume: bool = False) -> JobState:
@@ -392,6 +395,15 @@ class JobMaster(
 
     # -- control loop -------------------------------------------------------
 
+    def _wake_loop(self) -> None:
+        """Run the control loop's next tick now (it waits on node events between ticks)."""
+        self.platform.events.put(None)
+
+    def _wake_for_ps_change(self, key: bytes, value: bytes) -> None:
+        """KV listener: an answer the PS change in progress waits for moves it on at once."""
+        if self.migrator.awaits(key):
+            self._wake_loop()
+
     def _step(self) -> None:
         self._check_fence()
         try:
@@ -454,9 +466,11 @@ class JobMaster(
             # Record the end of everything the platform stopped.
             while True:
                 try:
-                    self._on_node_exit(self.platform.events.get_nowait())
+                    event = self.platform.events.get_nowait()
                 except queue.Empty:
                     break
+                if event is not None:  # None: a wake-up (_wake_loop)
+                    self._on_node_exit(event)
             for node in self.nodes.all_current():
                 if not node.state.ended:
                     self.nodes.mark_exited(node.id, -signal.SIGTERM, ExitReason.STOPPED)

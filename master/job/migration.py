@@ -36,6 +36,9 @@ PAUSE_TIMEOUT_SECONDS = 20.0
 # Their steps meanwhile are in the checkpoint, so nothing is lost; only the one batch in
 # flight per worker is no longer exact.
 CHIEF_STEP_WAIT_SECONDS = 5.0
+# A retried call (its first answer died with a master) may reach the restarted master just after
+# it completed the change: within this long, the retry gets that change's result.
+RETRY_WINDOW_SECONDS = 60.0
 MIGRATABLE_TYPES = ("ps",)
 # The nodes a PS count change restarts: those whose TF_CONFIG holds the PS list.
 CLUSTER_TYPES = ("ps", "chief", "worker")
@@ -115,6 +118,7 @@ class PSMigrator:
         self._on_phase = on_phase or (lambda phase: None)  # a move's phases, for its timeline
         self._requests: queue.SimpleQueue[_Migration] = queue.SimpleQueue()
         self._active: _Migration | None = None
+        self._completed: dict[tuple, tuple[float, Future]] = {}  # change -> (when, its answer)
 
     def request(
         self, node_type: str, rank: int, memory_mb: int, cpu: float, reason: str, replicas: int
@@ -132,6 +136,8 @@ class PSMigrator:
         if memory_mb == 0 and cpu == 0:
             raise ValueError("give --memory-mb or --cpu: a migration moves a node to new resources")
         same = self._same_as_active(node_type, rank, memory_mb, cpu)
+        if same is None:
+            same = self._just_completed(("move", node_type, rank, memory_mb, cpu))
         if same is not None:
             return same  # a retry (the first answer died with a master): the same change
         node = self._current(node_type, rank)
@@ -152,6 +158,9 @@ class PSMigrator:
         m = self._active
         if m is not None and m.ps_count == ps_count:
             return m.done  # a retry (the first answer died with a master): the same change
+        done = self._just_completed(("resize", ps_count))
+        if done is not None:
+            return done  # the same, just completed
         chief = self._current("chief", 0)
         if chief is None or chief.state != NodeState.RUNNING:
             raise ValueError(
@@ -236,6 +245,16 @@ class PSMigrator:
         self._on_phase("detected")
         return m
 
+    def awaits(self, key: bytes) -> bool:
+        """Whether `key` is an answer the active change waits for (a worker's pause ack, the
+        chief's checkpoint): the master's loop then advances it at once, not at its next tick."""
+        m = self._active
+        if m is None:
+            return False
+        if m.phase == "pausing":
+            return any(key == pause_key(m.pause_number, f"ack/{w}") for w in m.pausing)
+        return m.phase == "checkpoint" and key == checkpoint_request_key(m.request_number, "done")
+
     @property
     def active(self) -> _Migration | None:
         return self._active
@@ -279,6 +298,17 @@ class PSMigrator:
             self._retire_node(node)
         return None
 
+    def _just_completed(self, change: tuple) -> Future | None:
+        """The answer of `change` if it completed within RETRY_WINDOW_SECONDS."""
+        now = time.monotonic()
+        self._completed = {
+            c: (at, done)
+            for c, (at, done) in self._completed.items()
+            if now - at <= RETRY_WINDOW_SECONDS
+        }
+        completed = self._completed.get(change)
+        return completed[1] if completed is not None else None
+
     def _same_as_active(self, node_type: str, rank: int, memory_mb: int, cpu: float):
         m = self._active
         if m is None or m.ps_count:
@@ -315,6 +345,10 @@ class PSMigrator:
         )
         self._release(m)
         m.done.set_result(MigrateResult(new.id, m.checkpoint_step))
+        self._completed[("move", m.node_type, m.rank, m.memory_mb, m.cpu)] = (
+            time.monotonic(),
+            m.done,
+        )
         self._active = None
         self._persist(None)
 
@@ -407,6 +441,7 @@ class PSMigrator:
         )
         self._release(m)
         m.done.set_result(ResizeResult(previous, m.ps_count, version, m.checkpoint_step))
+        self._completed[("resize", m.ps_count)] = (time.monotonic(), m.done)
         self._active = None
         self._persist(None)
 

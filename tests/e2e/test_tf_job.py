@@ -282,6 +282,26 @@ def _master_child(submit_pid):
     raise AssertionError("no supervised master")
 
 
+def _trainer_pid(run_dir, node_type, rank):
+    """The pid of a node's training process (not its orphan guard)."""
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            env, cmdline = p.environ(), p.cmdline()
+        except psutil.Error:
+            continue
+        if (
+            env.get("DLROVER_RUN_DIR") == str(run_dir)
+            and (env.get("DLROVER_NODE_TYPE"), env.get("DLROVER_NODE_RANK"))
+            == (node_type, str(rank))
+            and len(cmdline) > 1
+            and cmdline[1].endswith("wide_deep.py")
+        ):
+            return p.pid
+    raise AssertionError(f"no {node_type}-{rank} process")
+
+
 def _wait_for_event(run_dir, kind, timeout=120.0):
     deadline = time.monotonic() + timeout
     path = run_dir / "events.jsonl"
@@ -299,11 +319,19 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
     proc, run_dir, client, ids = _start_at_step(tmp_path, retry_seconds=60.0)
     try:
         with ThreadPoolExecutor(1) as pool:
-            scaled = pool.submit(client.scale, "ps", 2, "e2e")
-            # The change has begun (workers pausing): the master dies; the restarted one
-            # carries the change on from its saved record, and the retried call joins it.
-            _wait_for_event(run_dir, "ps_resize")
-            os.kill(_master_child(proc.pid), signal.SIGKILL)
+            # The chief is frozen, so it cannot checkpoint: the change stays in progress until
+            # the master is killed (it may otherwise be done by then).
+            frozen = _trainer_pid(run_dir, "chief", 0)
+            os.kill(frozen, signal.SIGSTOP)
+            try:
+                scaled = pool.submit(client.scale, "ps", 2, "e2e")
+                # The change has begun (workers pausing, or the checkpoint asked for): the
+                # master dies; the restarted one carries the change on from its saved record,
+                # and the retried call joins it.
+                _wait_for_event(run_dir, "ps_resize")
+                os.kill(_master_child(proc.pid), signal.SIGKILL)
+            finally:
+                os.kill(frozen, signal.SIGCONT)
             reply = scaled.result(timeout=400)
     finally:
         summary, out = _finished_summary(proc, tmp_path)

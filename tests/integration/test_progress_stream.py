@@ -318,3 +318,24 @@ def test_the_heartbeat_thread_calls_when_no_report_carried_a_beat_and_for_comman
     assert beat._call_due(100.5 + CARRIED_FRESH_INTERVALS + 0.01)
     beat._last_carried = 100.0 + COMMAND_POLL_SECONDS - 0.1
     assert beat._call_due(100.0 + COMMAND_POLL_SECONDS)  # commands are fetched every few s
+
+
+def test_a_coalescing_stream_sends_the_first_step_after_a_quiet_interval_at_once(harness, tmp_path):
+    """After an interval with no report (a pause, a recovery), the next step is not held for
+    the rest of a new interval: the master learns at once that training resumed."""
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    stream = ProgressStream(c, position_file=str(tmp_path / "p"), flush_seconds=3600)
+    stream.send("d", [(shard.shard_id, 10)], global_step=1)
+    stream.flush()
+    stream._flushed_at -= 3600  # an interval went by with no step
+    stream.send("d", [(shard.shard_id, 20)], global_step=2)
+    deadline = time.monotonic() + 10
+    while harness.job.sharding.stats()[0].records_done < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert harness.job.sharding.stats()[0].records_done == 20  # long before the interval ends
+    assert harness.job.global_step == 2
+    stream.send("d", [(shard.shard_id, 30)], global_step=3)  # coalesced again, sent on close
+    assert stream.close().applied >= 1
+    assert harness.job.sharding.stats()[0].records_done == 30

@@ -80,6 +80,27 @@ def test_a_migration_pauses_workers_checkpoints_retires_the_old_ps_then_complete
     assert job.migrator.on_exit(new) is None  # nothing in progress any more
 
 
+def test_the_migrator_names_the_answers_it_waits_for():
+    """The master's loop advances a change at once when one of these keys is written."""
+    job = Job()
+    job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-0"))  # not started yet
+    job.migrator.advance()
+    assert job.migrator.awaits(pause_key(1, "ack/worker-0"))
+    assert job.migrator.awaits(pause_key(1, "ack/worker-1"))
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-7"))  # not waited for
+    assert not job.migrator.awaits(checkpoint_request_key(1, "done"))  # not asked yet
+    for w in ("worker-0", "worker-1"):
+        job.kv.set(pause_key(1, f"ack/{w}"), b"1")
+    job.migrator.advance()
+    assert job.migrator.awaits(checkpoint_request_key(1, "done"))
+    assert not job.migrator.awaits(checkpoint_request_key(2, "done"))
+    assert not job.migrator.awaits(pause_key(1, "ack/worker-0"))
+    job.kv.set(checkpoint_request_key(1, "done"), b"740")
+    job.migrator.advance()
+    assert not job.migrator.awaits(checkpoint_request_key(1, "done"))  # stopping the old PS
+
+
 def test_workers_that_do_not_pause_in_time_do_not_block_the_migration(monkeypatch):
     job = Job()
     job.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="", replicas=1)
@@ -325,3 +346,43 @@ def test_a_chief_that_takes_no_step_gets_the_paused_workers_released(monkeypatch
     job.kv.set(checkpoint_request_key(1, "done"), b"800")
     job.migrator.advance()
     assert job.retired == [1] and not done.done()
+
+
+def test_a_retry_just_after_a_change_completed_gets_that_change_not_a_new_one(monkeypatch):
+    """The retried call of a client whose answer died with a master can reach the restarted
+    master just after it completed the change: it gets that change's answer, not a no-op
+    (ps 2 -> 2) or a second move; later, the same request is a new one."""
+    from master.job import migration
+    from master.job.migration import ResizeResult
+
+    job = ResizableJob()
+    done = job.migrator.request_resize(2, current=1, reason="more ps")
+    _through_checkpoint(job, b"300")
+    for node in (job.ps, job.chief, *job.workers):
+        node.state = NodeState.DELETED
+        job.migrator.on_exit(node)
+    assert done.result(0) == ResizeResult(1, 2, 2, 300)
+    retried = job.migrator.request_resize(2, current=2, reason="more ps")
+    assert retried.result(0) == ResizeResult(1, 2, 2, 300)
+    assert job.started == [2]  # nothing started again
+
+    moved = Job()
+    first = moved.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    moved.migrator.advance()
+    for w in moved.workers:
+        moved.kv.set(pause_key(1, f"ack/{w.name}"), b"1")
+    moved.migrator.advance()
+    moved.kv.set(checkpoint_request_key(1, "done"), b"740")
+    moved.migrator.advance()
+    new = Node("ps", 0, id=5, state=NodeState.RUNNING, memory_mb=2048)
+    moved.migrator.finished(moved.migrator.on_exit(moved.ps), new)
+    moved.ps = new
+    again = moved.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    assert again.result(0) == first.result(0) == MigrateResult(node_id=5, checkpoint_step=740)
+    assert moved.retired == [1]  # the new PS is not moved again
+
+    monkeypatch.setattr(migration, "RETRY_WINDOW_SECONDS", -1.0)  # the window has passed
+    later = moved.migrator.request("ps", 0, memory_mb=2048, cpu=0, reason="hot", replicas=1)
+    assert not later.done()  # a new move, queued
+    moved.migrator.advance()
+    assert moved.kv.get(pause_key(2), 0) == b"hot"
