@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from dlrover_tf.checkpoint_watch import CheckpointWatch, is_chief_task, restores_reported
@@ -19,9 +20,10 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
 
     On the chief it also keeps the data position with the model, with nothing else to set up:
     each checkpoint the chief saves in `model_dir` (default: $DLROVER_MODEL_DIR) is reported
-    with the dataset's ledger, and each session the chief creates reports the step its model
-    was loaded at (from the session's readiness check, right after the restore), so after a
-    PS failure the data goes back to the checkpoint TF restored.
+    with the dataset's ledger (saved just before the checkpoint), and each session the chief
+    creates reports the step its model was loaded at (from the session's readiness check,
+    right after the restore), so after a PS failure the data goes back to the checkpoint TF
+    restored.
     """
 
     def __init__(self, dataset: ShardedDataset, model_dir: str = "") -> None:
@@ -31,11 +33,14 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
         self._watch: CheckpointWatch | None = None
         self._reports_restores = False
         self._restores_in_ready_op = False
+        self._loaded_step: int | None = None  # of the chief's current session
+        self._ledger_saved_at: int | None = None  # the step of the last pre-save snapshot
 
     def begin(self) -> None:
         self._global_step = tf.compat.v1.train.get_global_step()
         self._watch = None
         self._reports_restores = self._restores_in_ready_op = False
+        self._loaded_step = self._ledger_saved_at = None
         if not is_chief_task(os.environ.get("TF_CONFIG", "")) or self._global_step is None:
             return
         if not self._dataset.checkpoints_reported_elsewhere:
@@ -56,6 +61,37 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
             # step is reported there. A ready op of the program's own: after the session.
             tf.compat.v1.add_to_collection(ready_ops, self._reporting_ready_op())
             self._restores_in_ready_op = True
+            if self._watch is not None:
+                self._save_ledger_before_checkpoints()
+
+    def _save_ledger_before_checkpoints(self) -> None:
+        """Save the ledger just before each checkpoint the estimator's saver writes, as
+        CheckpointLedgerListener does: saved after it, the position would count the steps
+        workers take during the save, which the checkpoint does not hold. The saver is the
+        one the estimator puts in the SAVERS collection for its Scaffold (none when the
+        model_fn brings its own: the ledger is then saved just after each checkpoint)."""
+        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        if len(savers) != 1:
+            return
+        saver, save = savers[0], savers[0].save
+
+        def save_with_ledger(sess, save_path, global_step=None, *args, **kwargs):
+            if global_step is not None:
+                self._save_ledger(_step_value(sess, global_step))
+            return save(sess, save_path, global_step, *args, **kwargs)
+
+        saver.save = save_with_ledger  # this graph's saver only, not TF's class
+
+    def _save_ledger(self, step: int) -> None:
+        # The saver re-saves the checkpoint a session loaded: its position is the one the
+        # master went back to (or the start), kept as it is.
+        if step == self._loaded_step:
+            return
+        try:
+            self._dataset.client.save_ledger(self._dataset.name, step)
+            self._ledger_saved_at = step
+        except MasterError as e:
+            log.warning("cannot save the data position of checkpoint %d: %s", step, e)
 
     def _reporting_ready_op(self) -> tf.Tensor:
         """TF's default readiness report, first telling the master the step the model was
@@ -67,6 +103,7 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
             return tf.compat.v1.report_uninitialized_variables(name="dlrover_reporting_ready_op")
 
     def _report_restored(self, step: object) -> bool:
+        self._loaded_step = int(step)
         try:
             self._dataset.client.report_model_restored(int(step))
             log.info("model loaded at global step %d; the data position follows it", int(step))
@@ -115,12 +152,20 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
 
     def _report_checkpoint(self, step: int, path: str) -> None:
         ds = self._dataset
-        ds.client.save_ledger(ds.name, step)
+        if step != self._ledger_saved_at:  # not saved before the checkpoint: now, then
+            ds.client.save_ledger(ds.name, step)
         ds.client.report_checkpoint(step, path, [ds.name])
 
     def end(self, session) -> None:
         self._dataset.flush()
         self._report_new_checkpoint()  # the saver saves once more as training ends
+
+
+def _step_value(session: tf.compat.v1.Session, global_step: object) -> int:
+    """A saver's `global_step` argument as a number (it may be a tensor or a variable)."""
+    if isinstance(global_step, (int, np.integer)):
+        return int(global_step)
+    return int(tf.compat.v1.train.global_step(session, global_step))
 
 
 class ShardProgressCallback(tf.keras.callbacks.Callback):
