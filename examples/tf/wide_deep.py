@@ -248,7 +248,7 @@ class MeanLossHook(tf.estimator.SessionRunHook):
 
 class TrainedIdsHook(tf.estimator.SessionRunHook):
     """Appends the record indices of every completed step to a file (int64, little endian),
-    and the step's global step and record count to PATH.steps (two int64 per step)."""
+    and the step's global step, record count and end (µs since the epoch) to PATH.steps."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -273,7 +273,8 @@ class TrainedIdsHook(tf.estimator.SessionRunHook):
         ids, global_step = run_values.results
         self._file.write(np.asarray(ids, dtype="<i8").tobytes())
         self._file.flush()
-        self._steps_file.write(np.asarray([global_step, len(ids)], dtype="<i8").tobytes())
+        row = [global_step, len(ids), time.time_ns() // 1000]
+        self._steps_file.write(np.asarray(row, dtype="<i8").tobytes())
         self._steps_file.flush()
 
     def end(self, session: tf.compat.v1.Session) -> None:

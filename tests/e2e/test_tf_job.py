@@ -358,6 +358,10 @@ def _checkpoint_in(model_dir) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _files_grew(ids, task) -> bool:
+    return any(os.path.getsize(f) > 0 for f in glob.glob(str(ids / f"trained.{task}.*.ids")))
+
+
 def _batches_trained(ids) -> int:
     return sum(os.path.getsize(f) for f in glob.glob(str(ids / "trained.*.ids"))) // 8 // BATCH
 
@@ -387,20 +391,18 @@ def _wait_until(condition, proc, what, timeout=300.0):
         time.sleep(0.05)
 
 
-def _records_since(ids, restored: int) -> tuple[int, int]:
-    """Records trained before the PS failure on steps past global step `restored`, and the
-    highest global step reached before it (from each trainer's PATH.steps file: a trainer's
-    global step only rises, until its session restored the checkpoint)."""
+def _records_since(ids, restored: int, killed: float) -> tuple[int, int]:
+    """Records trained before the PS was killed (at time `killed`) on steps past global step
+    `restored`, and the highest global step reached before the kill (from each trainer's
+    PATH.steps file: global step, records, end time of each step)."""
     since, reached = 0, 0
     for path in glob.glob(str(ids / "trained.*.ids.steps")):
-        rows = np.fromfile(path, dtype="<i8").reshape(-1, 2)
-        drops = np.flatnonzero(np.diff(rows[:, 0]) < 0)
-        if len(drops) == 0:  # no step before the failure (or none at all)
-            assert len(rows) == 0 or rows[0, 0] >= restored, (path, rows[:3])
-            continue
-        before = rows[: drops[0] + 1]
+        rows = np.fromfile(path, dtype="<i8").reshape(-1, 3)
+        # A step ending within 0.5 s of the kill ran before it: rebuilding the sessions
+        # on a new PS and restoring the checkpoint take longer.
+        before = rows[rows[:, 2] < (killed + 0.5) * 1e6]
         since += int(before[before[:, 0] > restored, 1].sum())
-        reached = max(reached, int(before[:, 0].max()))
+        reached = max(reached, int(before[:, 0].max(initial=0)))
     return since, reached
 
 
@@ -408,7 +410,9 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     # The program uses only the sharded input and the documented ShardProgressHook (no
     # elastic_model_fn, no CheckpointLedgerListener): the hook alone tells the master of each
     # checkpoint the chief saves and of the step the chief's session restored.
-    records = 4 * RECORDS  # 1,500 steps; the chief checkpoints every 500 global steps
+    # 6,000 steps: workers that find the chief not ready at their first check sleep TF's 30 s
+    # before they train; the kill comes once they do.
+    records = 16 * RECORDS
     ids = write_job(tmp_path, records=records, eval_records=1024)
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     job["command"].append("--progress-hook-only")
@@ -416,22 +420,27 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--summary-json", str(tmp_path / "s.json"), "--run-dir", str(run_dir)]
-    log = open(tmp_path / "submit.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        # SIGKILL the PS 150 steps after the chief's first checkpoint past step 0, so the
-        # step TF restores is not the start (the chief's first step may come late).
-        _wait_until(lambda: _checkpoint_in(run_dir / "model") > 0, proc, "a checkpoint")
-        saved = _checkpoint_in(run_dir / "model")
-        _wait_until(lambda: _batches_trained(ids) >= saved + 150, proc, f"step {saved + 150}")
-        os.kill(_ps_server_pid(run_dir), signal.SIGKILL)
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log.seek(0)
-    assert proc.returncode == 0, log.read()[-4000:]
+    with open(tmp_path / "submit.log", "w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            # The PS is SIGKILLed while the chief and both workers train, 150 steps after a
+            # checkpoint past step 0 (the chief checkpoints every 500 global steps).
+            def ready():
+                workers = all(_files_grew(ids, f"worker.{i}") for i in (0, 1))
+                return workers and _checkpoint_in(run_dir / "model") > 0
+
+            _wait_until(ready, proc, "a checkpoint while the workers train")
+            saved = _checkpoint_in(run_dir / "model")
+            _wait_until(lambda: _batches_trained(ids) >= saved + 150, proc, f"step {saved + 150}")
+            os.kill(_ps_server_pid(run_dir), signal.SIGKILL)
+            killed = time.time()
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log.seek(0)
+        assert proc.returncode == 0, log.read()[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     # The step TF restored: the first checkpoint the chief loaded (the final evaluation loads
     # the last one too).
@@ -443,7 +452,7 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     ]
     assert loaded and loaded[0] >= saved, (loaded, saved)
     restored = loaded[0]
-    since, reached = _records_since(ids, restored)
+    since, reached = _records_since(ids, restored, killed)
     trained = np.concatenate(
         [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
     )
