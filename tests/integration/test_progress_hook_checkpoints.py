@@ -72,7 +72,8 @@ def test_checkpoints_are_reported_and_a_restore_takes_the_data_back(
     # The chief's next session restores step 10 (say 12 was lost): the data goes back to it.
     tf.compat.v1.train.update_checkpoint_state(model_dir, os.path.join(model_dir, "model.ckpt-10"))
     train(ds, model_dir, 1, estimators_saver)
-    assert [e.details["checkpoint_step"] for e in job.events if e.kind == "rollback"] == [10]
+    rollbacks = [e.details for e in job.events if e.kind == "rollback"]
+    assert [(d["checkpoint_step"], d["position_step"]) for d in rollbacks] == [(10, 10)]
     # The chief reports the step that triggers a save after the saver ran: a position saved
     # just before the checkpoint lacks that step, which is trained again (none is skipped).
     behind = 1 if estimators_saver else 0
