@@ -61,8 +61,11 @@ class ShardProgressHook(tf.estimator.SessionRunHook):
             # step is reported there. A ready op of the program's own: after the session.
             tf.compat.v1.add_to_collection(ready_ops, self._reporting_ready_op())
             self._restores_in_ready_op = True
-            if self._watch is not None:
-                self._save_ledger_before_checkpoints()
+        # Not when this hook learns the loaded step only after the saver re-saved the model
+        # (its position then would count steps taken since the restore). elastic_model_fn
+        # holds workers until that re-save is done.
+        if self._watch is not None and (self._restores_in_ready_op or not self._reports_restores):
+            self._save_ledger_before_checkpoints()
 
     def _save_ledger_before_checkpoints(self) -> None:
         """Save the ledger just before each checkpoint the estimator's saver writes, as
