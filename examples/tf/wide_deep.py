@@ -459,7 +459,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--log-trained-ids",
         metavar="PATH_PREFIX",
-        help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids",
+        help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids (and "
+        "its global step, record count and end time to that path + .steps)",
     )
     p.add_argument(
         "--progress-hook-only",
