@@ -126,6 +126,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     args.seconds,
                     coalesce,
                     args.progress == "coalesced-unary",
+                    args.heartbeats == "carried" and coalesce > 0,
                 )
                 sims.append(_Child(ctx, f"sim-{i}", sim_main, plan))
             children.extend(sims)
@@ -200,6 +201,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
         "progress": args.progress,
+        "heartbeats": args.heartbeats if args.progress != "per-step" else "calls",
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
@@ -300,6 +302,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
         f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
         f"{args.sim_processes} simulator processes, {args.progress} progress reports, "
+        f"heartbeats {args.heartbeats if args.progress != 'per-step' else 'calls'}, "
         f"{os.cpu_count()} cores\n\n"
     )
     head = (
@@ -362,6 +365,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="coalesced: a progress report per worker per second carrying its steps (what "
         "ShardedDataset sends where the platform keeps position files: local); per-step: one "
         "per step (elsewhere)",
+    )
+    p.add_argument(
+        "--heartbeats",
+        choices=("carried", "calls"),
+        default="carried",
+        help="carried: a worker's coalesced report carries its 1 Hz heartbeat and it calls "
+        "Heartbeat every few seconds for commands (what ShardedDataset does); calls: a Heartbeat "
+        "call every second",
     )
     p.add_argument("--rendezvous-nodes", type=int, default=RENDEZVOUS_NODES)
     p.add_argument("--c10d-timeout", type=float, default=C10D_TIMEOUT_S)

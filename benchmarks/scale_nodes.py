@@ -2,7 +2,8 @@
 
 Every node registers, then heartbeats at 1 Hz from its registration on; every worker, from the
 common start, takes shards and steps at 10 steps/s, reporting progress per step or coalesced
-(one report per second with its steps' count), on its stream or (an experiment) unary.
+(one report per second with its steps' count), on its stream or (an experiment) unary; coalesced
+reports may carry the heartbeat (HeartbeatThread then calls only every few seconds).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import signal
 import time
 from array import array
 from dataclasses import dataclass
+
+from master.client.heartbeat import CARRIED_FRESH_INTERVALS, COMMAND_POLL_SECONDS
 
 HEARTBEAT_HZ = 1.0
 STEPS_PER_S = 10.0
@@ -45,6 +48,9 @@ class SimPlan:
     seconds: float
     coalesce_s: float  # 0: a progress message per step; else one per this many seconds
     unary: bool = False  # coalesced reports as unary calls instead of on a stream
+    # Coalesced reports carry the worker's heartbeat, which then calls Heartbeat only when no
+    # report did or every COMMAND_POLL_SECONDS for commands (as HeartbeatThread does).
+    carried_beats: bool = False
 
 
 class _Stats:
@@ -92,6 +98,8 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
     clock = time.monotonic
     silent = node_id == plan.silent_id
     upcoming = None
+    stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
+    carried_at = float("-inf")  # when a progress report last carried this node's beat
 
     def stop_at() -> float:  # the window's end; the silent node's silence starts with it
         return window.begin if silent else window.end
@@ -102,17 +110,21 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
             stats.latency[kind].append(t1 - t0)
 
     async def heartbeats() -> None:
-        stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
         request = nodes_pb2.HeartbeatRequest(node=ref, stats=stat)
         t = clock() + random.random() / HEARTBEAT_HZ
+        called = float("-inf")
         while t < stop_at():
             await asyncio.sleep(max(0.0, t - clock()))
             t0 = clock()
+            t += 1 / HEARTBEAT_HZ
+            fresh = t0 - carried_at < CARRIED_FRESH_INTERVALS / HEARTBEAT_HZ
+            if fresh and t0 - called < COMMAND_POLL_SECONDS:
+                continue  # a progress report carried this second's beat
+            called = t0
             await stub.Heartbeat(request, metadata=md, timeout=30)
             if silent:
                 stats.silent_last_beat = t0
             timed("heartbeat", t0)
-            t += 1 / HEARTBEAT_HZ
 
     async def get_shard():
         t0 = clock()
@@ -125,7 +137,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
         return reply.shard
 
     async def steps() -> None:
-        nonlocal upcoming
+        nonlocal upcoming, carried_at
         await window.started.wait()
         begin, end = window.begin, window.end
         call = None if plan.unary else stub.StreamProgress(metadata=md)
@@ -156,6 +168,8 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 )
                 if plan.coalesce_s:
                     request.steps = unsent
+                    if plan.carried_beats:
+                        request.heartbeat_stats.CopyFrom(stat)
                 pending.clear()
                 unsent = 0
                 next_flush = started + plan.coalesce_s
@@ -164,6 +178,10 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 else:
                     await call.write(request)
                 timed("stream_write", started)
+                if request.HasField("heartbeat_stats"):
+                    carried_at = clock()
+                    if silent:
+                        stats.silent_last_beat = started
                 if begin <= started < end:
                     stats.messages += 1
             if begin <= started < end:

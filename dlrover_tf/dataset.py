@@ -89,6 +89,7 @@ class ShardedDataset:
             reply = self.client.register(socket.gethostname(), os.getpid())
             interval = max(reply.heartbeat_interval_ms, 200) / 1000
             self._heartbeat = HeartbeatThread(self.client, interval)
+            self._progress.carry_heartbeats(self._heartbeat)
             self._heartbeat.start()
         self.client.create_dataset(
             data_pb2.DatasetSpec(

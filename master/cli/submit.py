@@ -21,7 +21,6 @@ from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
 from master.job.autoscaler import brain_hint
 from master.job.events import INCIDENT_KINDS, ROUTINE_KINDS
-from master.job.exits import STOP_CAUSE
 from master.job.faults import Fault
 from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
 from master.nodes.model import ExitReason, Node
@@ -219,7 +218,7 @@ def build_summary(job: JobMaster) -> dict:
 def _diagnosis_fields(node: Node) -> dict:
     """A failed node's classified cause and the log excerpt showing it; for a node the master
     stopped, why ("stopped: job done")."""
-    cause = node.extra.get(STOP_CAUSE)
+    cause = node.stop_cause
     if cause and node.exit_reason == ExitReason.STOPPED:
         return {"note": f"stopped: {cause}"}
     diagnosis = node.extra.get("diagnosis")

@@ -1,10 +1,12 @@
 """HeartbeatThread: a node's periodic heartbeat, carrying its resource stats and global step,
-whose replies bring the master's commands."""
+whose replies bring the master's commands. A beat may ride another message instead (the
+node's progress report): the thread then calls only when none did, or to fetch commands."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from master.client.errors import MasterError
@@ -13,6 +15,12 @@ from master.client.resources import ResourceSampler
 from master.pb import nodes_pb2
 
 log = logging.getLogger(__name__)
+
+# While beats ride progress reports, a Heartbeat call still goes out this often (commands come
+# back only in its reply), or every interval if that is longer.
+COMMAND_POLL_SECONDS = 5.0
+# A carried beat stands for the thread's own if it went out within this many intervals.
+CARRIED_FRESH_INTERVALS = 1.5
 
 
 class HeartbeatThread(threading.Thread):
@@ -32,16 +40,37 @@ class HeartbeatThread(threading.Thread):
         self._global_step = global_step or (lambda: 0)
         self._stop_event = threading.Event()
         self._sampler = ResourceSampler()
+        self._sample_lock = threading.Lock()  # the sampler keeps CPU times between samples
+        self._command_poll = max(interval, COMMAND_POLL_SECONDS)
+        self._last_carried = float("-inf")
+        self._last_call = float("-inf")
+
+    def sample(self) -> nodes_pb2.ResourceStats:
+        """This process's resource stats now (for a beat another message carries)."""
+        with self._sample_lock:
+            return self._sampler.sample()
+
+    def carried(self) -> None:
+        """A beat went out on another message: the next call is skipped unless commands are
+        due."""
+        self._last_carried = time.monotonic()
+
+    def _call_due(self, now: float) -> bool:
+        fresh = now - self._last_carried < CARRIED_FRESH_INTERVALS * self._interval
+        return not fresh or now - self._last_call >= self._command_poll
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            try:
-                commands = self._client.heartbeat(self._sampler.sample(), self._global_step())
-                for cmd in commands:
-                    if self._on_command:
-                        self._on_command(cmd)
-            except MasterError as e:
-                log.warning("heartbeat failed: %s", e)
+            now = time.monotonic()
+            if self._call_due(now):
+                self._last_call = now
+                try:
+                    commands = self._client.heartbeat(self.sample(), self._global_step())
+                    for cmd in commands:
+                        if self._on_command:
+                            self._on_command(cmd)
+                except MasterError as e:
+                    log.warning("heartbeat failed: %s", e)
             self._stop_event.wait(self._interval)
 
     def stop(self) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
+from master.client.heartbeat import HeartbeatThread
 from master.client.master import RETRYABLE_CODES, MasterClient
 from master.client.position import PositionFile, stream_position_path
 from master.pb import data_pb2
@@ -84,6 +85,12 @@ class ProgressStream:
         self._flush_lock = threading.Lock()  # one flush at a time
         self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
+        self._heartbeat: HeartbeatThread | None = None
+
+    def carry_heartbeats(self, heartbeat: HeartbeatThread | None) -> None:
+        """Coalesced reports carry the node's heartbeat (its stats), and `heartbeat` skips its
+        own call while they do: one message a second to the master instead of two."""
+        self._heartbeat = heartbeat
 
     @property
     def coalescing(self) -> bool:
@@ -179,7 +186,9 @@ class ProgressStream:
             # keep the one-batch bound by waiting for this report itself to go out.
             self._wait_sent()
 
-    def _wait_sent(self) -> None:
+    def _wait_sent(self) -> bool:
+        """Wait until every queued report is on the wire; False if not (stream ended, or
+        timed out)."""
         with self._cond:
             if not self._cond.wait_for(
                 lambda: self._sent >= self._enqueued or self._future.done(), self._send_timeout
@@ -188,6 +197,7 @@ class ProgressStream:
                     "a progress report is not sent after %ss; is the master reachable?",
                     self._send_timeout,
                 )
+            return self._sent >= self._enqueued
 
     # -- coalescing -----------------------------------------------------------------------
 
@@ -246,13 +256,18 @@ class ProgressStream:
                         self._pending[dataset] = {**shards, **newer}
                     self._pending_steps += steps
                 raise
+            heartbeat = self._heartbeat
             for dataset, shards in batch.items():
                 request = self._client._progress_request(
                     dataset, sorted(shards.items()), global_step, loss
                 )
                 request.steps, steps, loss = steps, 0, None
+                if heartbeat is not None:
+                    request.heartbeat_stats.CopyFrom(heartbeat.sample())
+                    heartbeat = None  # one beat per flush
                 self._put(request)
-            self._wait_sent()
+            if self._wait_sent() and self._heartbeat is not None:
+                self._heartbeat.carried()
             with self._pending_lock:
                 self._inflight = {}
 

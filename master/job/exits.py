@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 STREAM_DRAIN_SECONDS = 2.0
 # node.extra flag: the master restarts this chief after a PS loss (no relaunch budget used).
 COORDINATOR_RESTART = "coordinator_restart"
-# node.extra: why the master stopped the node (e.g. "job done"), said with its end.
-STOP_CAUSE = "stop_cause"
 # A trainer failing this soon after a PS was lost failed because of it.
 PS_LOSS_WINDOW_SECONDS = 120.0
 # Where no node reports steps, an error after this much run time is not taken as a start-up bug
@@ -237,7 +235,7 @@ class NodeExitMixin:
         requeued = self.sharding.release_everywhere(node.id)
         if ended_cleanly(reason):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
-            cause = node.extra.get(STOP_CAUSE, "") if reason == ExitReason.STOPPED else ""
+            cause = node.stop_cause if reason == ExitReason.STOPPED else ""
             self._emit(
                 "node_exited",
                 f"{node.name} (id {node.id}) {reason.value}" + (f": {cause}" if cause else ""),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 STRAGGLER_CHECK_SECONDS = 5.0
 # A node is judged a straggler only on a step time measured over this many step reports (a
 # freshly relaunched worker's first coalesced report alone may cover a slow start).
-STRAGGLER_MIN_REPORTS = 4
+STRAGGLER_MIN_REPORTS = 3
 # A silent node whose process uses at least this share of one core is busy, not dead.
 BUSY_CPU_PERCENT = 50.0
 # node.extra flags: what the master found (each node is judged once per finding), read again

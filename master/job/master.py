@@ -23,7 +23,7 @@ from master.job.checkpoint_interval import CheckpointIntervalMixin
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
 from master.job.completion import JOB_DONE, decide_completion, success_reason
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
-from master.job.exits import STOP_CAUSE, NodeExitMixin
+from master.job.exits import NodeExitMixin
 from master.job.faults import Fault, FaultInjectionMixin
 from master.job.health import HealthMixin
 from master.job.launch import LaunchMixin, tf_cluster_spec
@@ -441,7 +441,7 @@ class JobMaster(
         """Stop a node gracefully (SIGTERM, a grace period, SIGKILL); `cause` is said with
         its end ("stopped: job done")."""
         if cause:
-            node.extra[STOP_CAUSE] = cause
+            node.stop_cause = cause
         node.stop_requested = True
         self.nodes.save(node)
         self.platform.stop_node(node.id, STOP_GRACE_SECONDS)

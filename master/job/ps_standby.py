@@ -26,7 +26,7 @@ from master.client import ps_standby_key
 from master.job.launch import launch_spec, node_env, tf_config
 from master.nodes.manager import STANDBY_RANK
 from master.nodes.model import Node
-from master.platform.api import NodeEvent
+from master.platform.api import NodeEvent, PlatformError
 from master.state.job_record import JOB_TABLE
 
 if TYPE_CHECKING:
@@ -192,11 +192,19 @@ class PSStandbyMixin:
         memory_mb = memory_mb or self.spec.ps.memory_mb
         cpu = cpu or self.spec.ps.cpu
         enforced = self.platform.enforces_resources
-        if not may_replace(s, current, memory_mb, cpu, enforced):
+        if not may_replace(s, current, memory_mb, cpu, enforced) or not (
+            self.platform.can_stand_in(s.id, node_type, rank)
+        ):
             if s is not None and current is not None and current.id >= s.id:
                 # Older than the PS it would replace (e.g. after a PS count change): a new
                 # standby, with a newer id, takes its place.
                 self._retire_standby(f"older than {current.name} (id {current.id})")
+            return None
+        try:
+            self.platform.take_over(s.id, node_type, rank)
+        except PlatformError as e:
+            log.warning("the standby PS cannot take over %s-%d: %s", node_type, rank, e)
+            self._retire_standby(str(e))
             return None
         self._standby = None
         self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS

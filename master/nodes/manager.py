@@ -179,17 +179,29 @@ class NodeManager:
     ) -> list[nodes_pb2.Command]:
         """Record liveness and stats; hand back the commands queued for this node."""
         with self._lock:
-            node.registered = True
-            node.last_heartbeat = time.monotonic()
-            node.cpu_percent = stats.cpu_percent
-            node.memory_rss_bytes = stats.memory_rss_bytes
-            node.extra["memory_limit_bytes"] = stats.memory_limit_bytes
-            node.extra["gpus"] = [
-                (g.index, g.utilization_percent, g.memory_used_bytes, g.memory_total_bytes)
-                for g in stats.gpus
-            ]
-            node.global_step = max(node.global_step, global_step)
+            self._beat(node, stats, global_step)
             return self._commands.pop(node.id, [])
+
+    def on_carried_heartbeat(
+        self, node: Node, stats: nodes_pb2.ResourceStats, global_step: int
+    ) -> None:
+        """A heartbeat that rode another message (a progress report): liveness and stats; the
+        queued commands wait for the node's next Heartbeat call."""
+        with self._lock:
+            self._beat(node, stats, global_step)
+
+    def _beat(self, node: Node, stats: nodes_pb2.ResourceStats, global_step: int) -> None:
+        """Liveness, stats and step of one heartbeat (under the lock)."""
+        node.registered = True
+        node.last_heartbeat = time.monotonic()
+        node.cpu_percent = stats.cpu_percent
+        node.memory_rss_bytes = stats.memory_rss_bytes
+        node.extra["memory_limit_bytes"] = stats.memory_limit_bytes
+        node.extra["gpus"] = [
+            (g.index, g.utilization_percent, g.memory_used_bytes, g.memory_total_bytes)
+            for g in stats.gpus
+        ]
+        node.global_step = max(node.global_step, global_step)
 
     def save(self, node: Node) -> None:
         """Write a node's record after a change the manager did not make (stop requested)."""

@@ -68,6 +68,7 @@ class Node:
     started_at: float = 0.0
     ended_at: float = 0.0
     stop_requested: bool = False
+    stop_cause: str = ""  # why the master stopped it (e.g. "job done"), said with its end
     # How the platform finds the running process again (e.g. its pid), for a restarted master.
     platform_handle: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
@@ -94,6 +95,7 @@ class Node:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "stop_requested": self.stop_requested,
+            "stop_cause": self.stop_cause,
             "platform_handle": self.platform_handle,
         }
 
@@ -116,5 +118,6 @@ class Node:
             started_at=float(record.get("started_at", 0.0)),
             ended_at=float(record.get("ended_at", 0.0)),
             stop_requested=bool(record.get("stop_requested", False)),
+            stop_cause=record.get("stop_cause", ""),
             platform_handle=dict(record.get("platform_handle") or {}),
         )

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from master.job.events import INCIDENT_KINDS
-from master.job.exits import STOP_CAUSE
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -32,7 +31,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
     nodes = []
     for n in sorted(job.nodes.all_current(), key=lambda n: (_type_index(n.type), n.rank)):
         diagnosis = n.extra.get("diagnosis")
-        cause = n.extra.get(STOP_CAUSE) if n.exit_reason.value == "stopped" else ""
+        cause = n.stop_cause if n.exit_reason.value == "stopped" else ""
         note = f"stopped: {cause}" if cause else diagnosis.summary if diagnosis else ""
         nodes.append(
             {

@@ -1,4 +1,5 @@
 from master.pb import common_pb2 as _common_pb2
+from master.pb import nodes_pb2 as _nodes_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -90,20 +91,22 @@ class ProgressReport(_message.Message):
     def __init__(self, shard_id: _Optional[int] = ..., records_consumed: _Optional[int] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("node", "dataset", "reports", "global_step", "loss", "steps")
+    __slots__ = ("node", "dataset", "reports", "global_step", "loss", "steps", "heartbeat_stats")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_STATS_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.NodeRef
     dataset: str
     reports: _containers.RepeatedCompositeFieldContainer[ProgressReport]
     global_step: int
     loss: float
     steps: int
-    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., global_step: _Optional[int] = ..., loss: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
+    heartbeat_stats: _nodes_pb2.ResourceStats
+    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., global_step: _Optional[int] = ..., loss: _Optional[float] = ..., steps: _Optional[int] = ..., heartbeat_stats: _Optional[_Union[_nodes_pb2.ResourceStats, _Mapping]] = ...) -> None: ...
 
 class ReportProgressReply(_message.Message):
     __slots__ = ("applied", "stale")

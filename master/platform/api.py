@@ -89,6 +89,16 @@ class Platform(abc.ABC):
     def shutdown(self, grace_seconds: float) -> None:
         """Stop every node this platform started and release its resources."""
 
+    def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
+        """Make running standby node `standby_id` reachable at (type, rank)'s address; called
+        before it is promoted (nothing to do where it binds that address itself)."""
+        return None
+
+    def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
+        """Whether running node `standby_id` (a standby) can serve (type, rank)'s address
+        (on a cluster: whether it runs where that address is)."""
+        return True
+
     def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
         """CPU seconds each running node's processes used so far, by node id; a node the
         platform cannot measure is left out (its heartbeats say how busy it is, if any)."""

@@ -22,6 +22,7 @@ LABEL_JOB = "dlrover.io/job"
 LABEL_ROLE = "dlrover.io/role"  # "master" or "node"
 LABEL_TYPE = "dlrover.io/node-type"
 LABEL_RANK = "dlrover.io/rank"
+STANDBY = "standby"  # the rank label of a standby node's pod until it takes a rank over
 LABEL_ID = "dlrover.io/node-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "dlrover"
@@ -39,7 +40,12 @@ DEFAULT_GRACE_SECONDS = 30
 
 # What the master's service account may do: exactly the calls the platform makes.
 MASTER_ROLE_RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "list", "watch"]},
+    # patch: a standby PS pod takes a rank over by its rank label (the rank's service selects it)
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["create", "delete", "list", "watch", "patch"],
+    },
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete", "get"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
@@ -85,14 +91,19 @@ def dns_label(*parts: str, max_len: int = 63) -> str:
     return name
 
 
+def rank_label(rank: int) -> str:
+    """A rank as a label value and name part; a standby (negative rank) is "standby"."""
+    return str(rank) if rank >= 0 else STANDBY
+
+
 def service_name(job: str, node_type: str, rank: int) -> str:
     """The headless service of one rank: its DNS name is the rank's address for all relaunches."""
-    return dns_label(job, node_type, str(rank))
+    return dns_label(job, node_type, rank_label(rank))
 
 
 def pod_name(job: str, node_type: str, rank: int, node_id: int) -> str:
     """One pod per incarnation: job, type, rank and the incarnation's id."""
-    return dns_label(job, node_type, str(rank), str(node_id))
+    return dns_label(job, node_type, rank_label(rank), str(node_id))
 
 
 def master_name(job: str) -> str:
@@ -251,7 +262,7 @@ def job_labels(job: str, role: str) -> dict[str, str]:
 
 def node_selector_labels(job: str, node_type: str, rank: int) -> dict[str, str]:
     """What a rank's service selects: every incarnation of that rank (never the id)."""
-    return {**job_labels(job, "node"), LABEL_TYPE: node_type, LABEL_RANK: str(rank)}
+    return {**job_labels(job, "node"), LABEL_TYPE: node_type, LABEL_RANK: rank_label(rank)}
 
 
 def _data_volume(name: str, claim: str) -> dict[str, Any]:

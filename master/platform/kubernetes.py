@@ -17,6 +17,7 @@ The `kubernetes` client is imported lazily (`k8s_api`): the master runs without 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -37,12 +38,14 @@ from master.platform.k8s_pod_watch import WATCH_TIMEOUT_SECONDS, PodWatch
 from master.platform.k8s_resources import (
     LABEL_ID,
     LABEL_JOB,
+    LABEL_RANK,
     LABEL_ROLE,
     NODE_PORT,
     TOKEN_DIR,
     TOKEN_KEY,
     K8sSettings,
     node_pod,
+    rank_label,
     service_name,
 )
 
@@ -75,6 +78,9 @@ class _PodRecord:
 
 class KubernetesPlatform(Platform):
     """Nodes as pods of the master's namespace, addressed through per-rank headless services."""
+
+    # A standby PS is a pod of the PS group's resources; it takes a rank over by its label.
+    runs_ps_standby = True
 
     def __init__(
         self,
@@ -128,7 +134,8 @@ class KubernetesPlatform(Platform):
         if self._closed:
             raise RuntimeError("the Kubernetes platform is shut down")
         env = self._node_env(spec.env)
-        self._objects.ensure_service(spec.type, spec.rank)
+        if spec.rank >= 0:  # a standby has no address until it takes a rank over
+            self._objects.ensure_service(spec.type, spec.rank)
         body = node_pod(self.settings, spec, env, token_secret=self._objects.secret)
         name = body["metadata"]["name"]
         record = _PodRecord(spec=spec, pod_name=name)
@@ -144,6 +151,24 @@ class KubernetesPlatform(Platform):
             record.created_at = time.monotonic()
             record.uid = getattr(created.metadata, "uid", "") or ""
         log.info("created pod %s (%s-%d id=%d)", name, spec.type, spec.rank, spec.id)
+
+    def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
+        """The standby's pod gets the rank's label, so the rank's service (its address) selects
+        it; the failed pod it replaces is no longer an endpoint."""
+        with self._lock:
+            record = self._records.get(standby_id)
+        if record is None:
+            raise PlatformError(f"no pod for standby node id {standby_id}")
+        self._objects.ensure_service(node_type, rank)
+        patch = {"metadata": {"labels": {LABEL_RANK: rank_label(rank)}}}
+        try:
+            self._core.patch_namespaced_pod(record.pod_name, self._ns, patch)
+        except Exception as e:
+            message = api_error_message(f"patch pod {record.pod_name}", e, self._ns)
+            raise PlatformError(message) from None
+        with self._lock:
+            record.spec = dataclasses.replace(record.spec, type=node_type, rank=rank)
+        log.info("pod %s took over %s-%d", record.pod_name, node_type, rank)
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
         """SIGKILL deletes the pod at once; any other signal deletes it with its grace period."""

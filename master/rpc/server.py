@@ -239,6 +239,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         node = self._node(request.node)
         if request.global_step < 0:
             raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        self._carried_heartbeat(node, request)
         reports = [(r.shard_id, r.records_consumed) for r in request.reports]
         self.job.sharding.report(request.dataset, node.id, reports)
         self.job.nodes.note_progress(node, steps=request.steps)
@@ -264,6 +265,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     raise ValueError("a progress stream must carry one node's reports only")
                 if request.global_step < 0:
                     raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+                self._carried_heartbeat(node, request)
                 self.job.nodes.note_progress(node, steps=request.steps)
                 skipped = 0
                 for r in request.reports:
@@ -293,6 +295,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if node_id is not None:
                 streams.closed(node_id)
         return data_pb2.ReportProgressReply(applied=applied, stale=stale)
+
+    def _carried_heartbeat(self, node: Node, request: data_pb2.ReportProgressRequest) -> None:
+        """The node's heartbeat, when its progress report carries one."""
+        if request.HasField("heartbeat_stats"):
+            self.job.nodes.on_carried_heartbeat(node, request.heartbeat_stats, request.global_step)
 
     @_guard
     def ReturnShards(self, request, context):  # noqa: N802

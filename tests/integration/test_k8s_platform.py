@@ -307,6 +307,33 @@ def test_signal_and_stop_delete_the_pod(api, platform, token_file):
     assert not platform.signal_node(99, signal.SIGKILL)  # unknown
 
 
+def test_a_standby_pod_takes_over_a_failed_ps_rank_through_its_service(api, platform, token_file):
+    platform.launch(launch_spec("ps", 0, 1, token_file, cpu=1, memory_mb=1024))
+    ps = api.kubelet.run("tfjob-ps-0-1")["metadata"]["name"]
+    platform.launch(launch_spec("ps", -1, 2, token_file, cpu=1, memory_mb=1024))
+    standby = api.pod("tfjob-ps-standby-2")
+    assert standby["metadata"]["labels"]["dlrover.io/rank"] == "standby"  # no address yet
+    assert (
+        standby["spec"]["containers"][0]["resources"]
+        == api.pod(ps)["spec"]["containers"][0]["resources"]
+    )
+    assert [svc["metadata"]["name"] for svc in api.objects("services")] == ["tfjob-ps-0"]
+    api.kubelet.run("tfjob-ps-standby-2")
+
+    api.kubelet.exit(ps, 137, reason="Error")
+    assert next_event(platform).id == 1
+    platform.take_over(2, "ps", 0)
+    (svc,) = api.objects("services")
+    selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
+    serving = [p for p in api.pods(selector) if p["status"].get("phase") == "Running"]
+    assert [p["metadata"]["name"] for p in serving] == ["tfjob-ps-standby-2"]
+    # Still the same node id to the platform: its end is reported as the promoted node's.
+    api.kubelet.exit("tfjob-ps-standby-2", 137, reason="Error")
+    event = next_event(platform)
+    assert (event.id, event.type, event.rank) == (2, "ps", 0)
+    assert_allowed_by_master_role(api)
+
+
 # -- watch recovery -----------------------------------------------------------------------
 
 

@@ -58,7 +58,8 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repla
     job = write_job(
         tmp_path,
         env={
-            "FAKE_SIZE": "12000",
+            # Long enough for worker-1's step time to rest on a few coalesced reports
+            "FAKE_SIZE": "24000",
             "FAKE_EPOCHS": "1",
             "FAKE_STEP_SECONDS": "0.01",
             "FAKE_SLOW_RANK": "1:0.08:once",  # worker-1's first incarnation is slow

@@ -268,3 +268,53 @@ def test_a_ledger_snapshot_counts_the_steps_coalesced_reports_have_not_carried_y
     assert snapshot.records_done == 70  # nothing was sent on the stream yet
     assert harness.job.sharding.stats()[0].records_done == 70
     stream.close()
+
+
+def test_a_coalesced_report_carries_the_heartbeat_and_leaves_commands_for_the_call(
+    harness, tmp_path
+):
+    """A flush carries the node's heartbeat (liveness, stats, step) on its report; commands
+    queued for the node stay queued until its next Heartbeat call, whose reply brings them."""
+    from master.client import HeartbeatThread
+    from master.pb import nodes_pb2
+
+    c = harness.client(0)
+    make_dataset(c)
+    shard = c.get_shard("d").shard
+    node = harness.job.nodes.get(harness.nodes[0].id)
+    node.last_heartbeat = 0.0
+    command = nodes_pb2.Command(kind=nodes_pb2.Command.CHECKPOINT, reason="test")
+    harness.job.nodes.queue_command(node.id, command)
+    beat = HeartbeatThread(c, interval=3600)  # not started: only the carried beats go out
+    stream = ProgressStream(c, position_file=str(tmp_path / "p"), flush_seconds=3600)
+    stream.carry_heartbeats(beat)
+    before = time.monotonic()
+    stream.send("d", [(shard.shard_id, 10)], global_step=7)
+    stream.flush()
+    deadline = time.monotonic() + 5
+    while node.last_heartbeat < before:
+        assert time.monotonic() < deadline, "the carried heartbeat never reached the master"
+        time.sleep(0.01)
+    assert node.memory_rss_bytes > 0  # this process's stats, as HeartbeatThread samples them
+    assert node.global_step == 7
+    assert beat._last_carried >= before  # the thread skips its next call for it
+    assert c.heartbeat() == [command]  # still queued: a carried beat does not take it
+    stream.close()
+
+
+def test_the_heartbeat_thread_calls_when_no_report_carried_a_beat_and_for_commands():
+    from master.client.heartbeat import (
+        CARRIED_FRESH_INTERVALS,
+        COMMAND_POLL_SECONDS,
+        HeartbeatThread,
+    )
+
+    beat = HeartbeatThread(client=None, interval=1.0)
+    assert beat._call_due(100.0)  # nothing carried yet
+    beat._last_call = 100.0
+    beat._last_carried = 100.5
+    assert not beat._call_due(101.0)
+    # A trainer that stopped stepping (hung, paused) carries no beat: the thread beats again.
+    assert beat._call_due(100.5 + CARRIED_FRESH_INTERVALS + 0.01)
+    beat._last_carried = 100.0 + COMMAND_POLL_SECONDS - 0.1
+    assert beat._call_due(100.0 + COMMAND_POLL_SECONDS)  # commands are fetched every few s

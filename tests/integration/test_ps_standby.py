@@ -57,6 +57,12 @@ def _serves(address: str) -> bool:
 
 
 def test_killed_ps_is_replaced_by_the_standby_at_its_address(tmp_path):
+    standby_story(tmp_path)
+
+
+def standby_story(tmp_path, *submit_args: str) -> None:
+    """A job with a built-in PS: its standby gets ready, the PS is SIGKILLed, the standby
+    serves at its address, a new standby follows, and nothing is left when the job stops."""
     ids = tmp_path / "ids"
     ids.mkdir()
     job = {
@@ -75,7 +81,7 @@ def test_killed_ps_is_replaced_by_the_standby_at_its_address(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-        + ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")],
+        + ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json"), *submit_args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

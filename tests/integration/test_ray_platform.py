@@ -15,7 +15,8 @@ import time
 import psutil
 import pytest
 
-from master.platform.api import NodeEvent, NodeLaunchSpec
+from master.client.position import decode_positions
+from master.platform.api import POSITIONS_DETAIL, NodeEvent, NodeLaunchSpec
 from master.platform.ray.connect import AUTH_MODE_ENV, LOOPBACK_ENV, start_local_cluster
 from master.platform.ray.platform import RayPlatform
 from tests.integration.test_local_job import (
@@ -26,6 +27,7 @@ from tests.integration.test_local_job import (
     trained_counts,
     write_job,
 )
+from tests.integration.test_ps_standby import standby_story
 
 # Not importorskip: ray must not be imported before the cluster fixture asks for loopback.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
@@ -176,6 +178,62 @@ def test_node_env_is_the_ray_nodes_env_plus_the_jobs(platform, tmp_path):
     assert env["PATH"] == os.environ["PATH"]  # from the Ray node (here: this machine)
     assert not [k for k in env if k.startswith("RAY_")]
     assert "OMP_NUM_THREADS" not in env or "OMP_NUM_THREADS" in os.environ
+
+
+def test_a_killed_trainers_last_position_is_read_back_on_its_ray_node(platform, tmp_path):
+    # As a coalescing progress stream does: every step's position in the file the platform
+    # names, then a death between two reports to the master.
+    write = (
+        "import os, time;"
+        "from master.client.position import PositionFile, stream_position_path;"
+        "f = PositionFile(stream_position_path(os.environ['DLROVER_POSITION_FILE']));"
+        "f.write({'train': {3: 64, 4: 128}}); print('written', flush=True); time.sleep(120)"
+    )
+    spec = NodeLaunchSpec(
+        "worker",
+        0,
+        8,
+        (sys.executable, "-c", write),
+        {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))},
+        str(tmp_path),
+        str(tmp_path / "logs" / "pos.log"),
+    )
+    platform.launch(spec)
+    deadline = time.monotonic() + 60
+    while "written" not in _read(spec.log_path).splitlines():  # a line (the header quotes it)
+        assert time.monotonic() < deadline, _read(spec.log_path)
+        time.sleep(0.05)
+    assert platform.read_positions(spec.id) == {"train": [(3, 64), (4, 128)]}
+    assert platform.signal_node(spec.id, signal.SIGKILL)
+    event = next_event(platform)
+    assert event.exit_code == -signal.SIGKILL
+    assert decode_positions(event.details[POSITIONS_DETAIL]) == {"train": [(3, 64), (4, 128)]}
+    assert platform.read_positions(spec.id) == {}  # ended: nothing more to read
+
+
+def test_cpu_of_a_busy_and_an_idle_node_is_measured_on_their_ray_node(platform, tmp_path):
+    nodes = Launcher(platform, tmp_path)
+    busy = nodes.launch(READY + "import itertools; any(False for _ in itertools.count())", rank=0)
+    idle = nodes.launch(SLEEPER, rank=1)
+    nodes.wait_ready(busy, idle)
+    first, deadline = {}, time.monotonic() + 30
+    while set(first) != {busy.id, idle.id}:  # the first call only asks
+        assert time.monotonic() < deadline, first
+        first = platform.cpu_seconds([busy.id, idle.id])
+        time.sleep(0.1)
+    started = time.monotonic()
+    later = first
+    while later[busy.id] - first[busy.id] < 0.5:  # half a core-second spent spinning
+        assert time.monotonic() - started < 30, later
+        time.sleep(0.2)
+        later = {**later, **platform.cpu_seconds([busy.id, idle.id])}
+    assert later[idle.id] - first[idle.id] < 0.2
+    platform.signal_node(busy.id, signal.SIGKILL)
+    assert next_event(platform).id == busy.id
+    deadline = time.monotonic() + 10
+    while busy.id in platform.cpu_seconds([busy.id, idle.id]):  # an ended node is left out
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
 
 def test_signal_node_sigkill_gives_exit_minus_9(platform, tmp_path):
@@ -405,3 +463,8 @@ def test_master_actor_killed_mid_job_is_restarted_by_ray(ray_address, tmp_path):
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not {"dlrover-job-anchor", "dlrover-master"} & names, names
     assert "master actor died; Ray restarts it" in out or "restarted=True" in log
+
+
+@pytest.mark.slow  # a real TF PS and its standby
+def test_a_killed_ps_is_replaced_by_a_standby_actor_at_its_address(ray_address, tmp_path):
+    standby_story(tmp_path, "--platform", "ray", "--ray-address", ray_address)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from master.nodes.manager import NodeManager
+from master.nodes.model import ExitReason
 from master.observability.status_view import render_status
+from master.state.sqlite import SQLiteStateStore
 
 
 def _doc(**changes):
@@ -44,3 +47,16 @@ def test_the_status_screen_says_possibly_stuck_and_stopped_job_done():
     assert text.splitlines()[2] == "  possibly stuck: no step report ..."
     assert "ps-0" in text and text.split("ps-0")[1].splitlines()[0].endswith("stopped: job done")
     assert "possibly stuck" not in render_status(_doc(), now=1200.0)
+
+
+def test_why_the_master_stopped_a_node_survives_a_master_restart(tmp_path):
+    path = str(tmp_path / "state.db")
+    before = NodeManager(SQLiteStateStore(path))
+    ps = before.new_incarnation("ps", 0, 0, 0)
+    ps.stop_requested, ps.stop_cause = True, "job done"
+    before.save(ps)
+    before.mark_exited(ps.id, -15, ExitReason.STOPPED)
+    after = NodeManager(SQLiteStateStore(path))
+    after.restore()
+    [restored] = [n for n in after.history() if n.id == ps.id]
+    assert (restored.exit_reason, restored.stop_cause) == (ExitReason.STOPPED, "job done")

@@ -10,9 +10,17 @@ import signal
 import subprocess
 import sys
 
+from master.client.env import ENV_POSITION_FILE
+from master.client.position import collect_positions, encode_positions
 from master.platform.api import NodeLaunchSpec
 from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
-from master.platform.local import kill_process_group, read_tail, spawn_logged
+from master.platform.local import (
+    kill_process_group,
+    position_base_for,
+    read_tail,
+    spawn_logged,
+)
+from master.platform.proc_stats import process_groups_cpu_seconds
 
 
 def node_actor_name(node_id: int) -> str:
@@ -35,7 +43,8 @@ class NodeActor:
         # The actor keeps the write end for its whole life: when its process goes, the guard's
         # sentinel sees end-of-file and kills the node's process group.
         read_fd, self._lifeline = os.pipe()
-        env = {**ray_node_env(), **spec.env}
+        # The node's trainers keep their data position there; read back when the node ends.
+        env = {**ray_node_env(), **spec.env, ENV_POSITION_FILE: position_base_for(spec)}
         guard = [sys.executable, "-m", GUARD_MODULE, str(read_fd), "--"]
         try:
             self._proc = spawn_logged(
@@ -50,14 +59,26 @@ class NodeActor:
         finally:
             os.close(read_fd)
 
-    def wait(self) -> tuple[int, str]:
-        """Block until the command ends: its exit code, and its log tail if it failed."""
+    def wait(self) -> tuple[int, str, str]:
+        """Block until the command ends: its exit code, its log tail if it failed, and the
+        data positions its trainers recorded last (master.client.position, encoded)."""
         if self._proc is None:
-            return EXIT_CANNOT_RUN, self._error
+            return EXIT_CANNOT_RUN, self._error, ""
         code = self._proc.wait()
         # Anything the node left behind in its group goes with it.
         kill_process_group(self._proc.pid, signal.SIGKILL)
-        return code, read_tail(self.spec.log_path) if code != 0 else ""
+        tail = read_tail(self.spec.log_path) if code != 0 else ""
+        return code, tail, encode_positions(collect_positions(position_base_for(self.spec)))
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the node's process group used so far; None once it has ended."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return process_groups_cpu_seconds([self._proc.pid]).get(self._proc.pid)
+
+    def positions(self) -> str:
+        """The data positions the running node's trainers recorded so far (encoded)."""
+        return encode_positions(collect_positions(position_base_for(self.spec), remove=False))
 
     def signal(self, sig: int) -> bool:
         """Signal the node's whole process group; False if it has ended."""

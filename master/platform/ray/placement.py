@@ -85,6 +85,13 @@ class NodePlacement:
             self._slots[key] = slot
         return slot
 
+    def standby_node(self, node_type: str) -> RayNode:
+        """Where a standby of `node_type` runs: on the Ray node of the type's rank 0 (a standby
+        can only take over an address on its own node), else where a new rank would go."""
+        slot = self._slots.get((node_type, 0))
+        alive = {n.node_id for n in self.alive_nodes()}
+        return slot.node if slot is not None and slot.node.node_id in alive else self._choose_node()
+
     def restore(self, addresses: dict[tuple[str, int], str]) -> None:
         """Pin each (type, rank) to the Ray node and port of its `ip:port` address."""
         by_ip = {n.ip: n for n in self.alive_nodes(refresh=True)}

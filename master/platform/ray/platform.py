@@ -7,10 +7,18 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
+from master.client.position import decode_positions
+from master.platform.api import (
+    POSITIONS_DETAIL,
+    NodeEvent,
+    NodeLaunchSpec,
+    Platform,
+    PlatformError,
+)
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
 from master.platform.ray.node_actor import NodeActor, node_actor_name
@@ -51,6 +59,9 @@ class RayPlatform(Platform):
     multi-host cluster it must not be loopback.
     """
 
+    # A standby PS is an actor of the PS group's resources on the Ray node of ps-0.
+    runs_ps_standby = True
+
     def __init__(self, host: str = "127.0.0.1", address: str = "", namespace: str = "") -> None:
         super().__init__()
         self.host = host
@@ -88,6 +99,9 @@ class RayPlatform(Platform):
 
         self._lock = threading.Lock()  # guards _running and _placement
         self._running: dict[int, _Running] = {}
+        # cpu_seconds: requests still unanswered, and the last figure of each running node
+        self._cpu_pending: dict[int, Any] = {}
+        self._cpu_used: dict[int, float] = {}
         self._closed = False
         self._wake = threading.Event()
         self._stop_watch = threading.Event()
@@ -106,7 +120,10 @@ class RayPlatform(Platform):
         if self._closed:
             raise RuntimeError("the Ray platform is shut down")
         with self._lock:
-            node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
+            if spec.rank < 0:  # a standby: beside the rank it most likely replaces
+                node = self._placement.standby_node(spec.type)
+            else:
+                node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
         options: dict[str, Any] = {
             "num_cpus": spec.cpu if spec.cpu > 0 else MIN_NODE_CPU,
             "scheduling_strategy": self._affinity(node.node_id, soft=False),
@@ -130,6 +147,52 @@ class RayPlatform(Platform):
         log.info(
             "launched %s-%d id=%d as a Ray actor on %s", spec.type, spec.rank, spec.id, node.ip
         )
+
+    def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
+        """CPU seconds of each node's process group, measured by its actor on its Ray node.
+        Never blocks the caller: each call collects the answers to the previous one's requests
+        and asks again, so the figures are one call old."""
+        ray = self._ray
+        with self._lock:
+            runs = {i: r for i in node_ids if (r := self._running.get(i)) is not None}
+        pending = self._cpu_pending
+        if pending:
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
+            answered = set(ready)
+            for node_id, ref in list(pending.items()):
+                if ref not in answered:
+                    continue
+                del pending[node_id]
+                try:
+                    seconds = ray.get(ref, timeout=0)
+                except Exception:  # a dead actor, or one of an older master without the method
+                    seconds = None
+                if seconds is not None:
+                    self._cpu_used[node_id] = float(seconds)
+        for node_id in set(self._cpu_used) - set(runs):
+            del self._cpu_used[node_id]
+        for node_id, run in runs.items():
+            if node_id not in pending:
+                pending[node_id] = run.actor.cpu_seconds.remote()
+        return {i: self._cpu_used[i] for i in runs if i in self._cpu_used}
+
+    def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
+        """The running node's position files, read by its actor on its Ray node."""
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            return {}
+        try:
+            return decode_positions(self._ray.get(run.actor.positions.remote(), timeout=10))
+        except Exception as e:  # a dead actor, or one of an older master without the method
+            log.warning("cannot read the positions of node id=%d: %s", node_id, e)
+            return {}
+
+    def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
+        with self._lock:
+            run = self._running.get(standby_id)
+            slot = self._placement.get(node_type, rank)
+        return run is not None and slot is not None and run.node.node_id == slot.node.node_id
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
         with self._lock:
@@ -286,8 +349,16 @@ class RayPlatform(Platform):
     def _event_for(self, run: _Running) -> NodeEvent:
         spec = run.spec
         try:
-            code, tail = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
-            return NodeEvent(spec.type, spec.rank, spec.id, exit_code=int(code), message=tail)
+            code, tail, *rest = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
+            positions = rest[0] if rest else ""  # an actor of an older master has none
+            return NodeEvent(
+                spec.type,
+                spec.rank,
+                spec.id,
+                exit_code=int(code),
+                message=tail,
+                details={POSITIONS_DETAIL: positions} if positions else {},
+            )
         except Exception as e:  # a dead actor (RayError), or Ray itself gone
             text = " ".join(str(e).split())
             lowered = text.lower()
