@@ -78,6 +78,9 @@ class ShardedDataset:
         self._own_client = client is None
         self.client = client or MasterClient.from_env()
         self.tracker = BatchTracker()
+        # Set by CheckpointLedgerListener: it reports this dataset's checkpoints, the progress
+        # hook need not.
+        self.checkpoints_reported_elsewhere = False
         # Where the platform reads a dead trainer's position back, steps are reported once a
         # second (see master.client.progress); elsewhere each step as it ends.
         self._progress = ProgressStream(self.client, position_file=read_position_base(os.environ))

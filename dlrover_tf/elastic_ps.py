@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from dlrover_tf.checkpoint_watch import mark_restores_reported
 from dlrover_tf.elastic_saver import ElasticCheckpointSaverHook
 from master.client import (
     CHECKPOINT_REQUESTS_KEY,
@@ -321,6 +322,8 @@ def elastic_model_fn(model_fn: Callable, gate: ChiefSessionGate | None = None) -
             return spec
         the_gate = gate or ChiefSessionGate(MasterClient.from_env())
         if config.is_chief:
+            # The progress hook leaves restore reports to the ready op below.
+            mark_restores_reported(tf.compat.v1.get_default_graph())
             scaffold = tf.compat.v1.train.Scaffold(
                 ready_op=_reporting_ready_op(the_gate), copy_from_scaffold=spec.scaffold
             )

@@ -12,25 +12,18 @@ first session of the process only. It also tells the master what each save costs
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 
 import tensorflow as tf
 
+from dlrover_tf.checkpoint_watch import checkpoint_step
 from master.client import CHECKPOINT_COST_KEY, CHECKPOINT_INTERVAL_KEY, KVClient, MasterError
 
 log = logging.getLogger(__name__)
 
 # How often the chief reads the interval the master asks for (not on the recovery path).
 INTERVAL_POLL_SECONDS = 5.0
-_STEP_SUFFIX = re.compile(r"-(\d+)$")
-
-
-def checkpoint_step(path: str | None) -> int | None:
-    """The global step a checkpoint path ends with (model.ckpt-500 -> 500)."""
-    match = _STEP_SUFFIX.search(path or "")
-    return int(match.group(1)) if match else None
 
 
 def interval_from(value: bytes | None) -> int | None:

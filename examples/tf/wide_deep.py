@@ -247,33 +247,41 @@ class MeanLossHook(tf.estimator.SessionRunHook):
 
 
 class TrainedIdsHook(tf.estimator.SessionRunHook):
-    """Appends the record indices of every completed step to a file (int64, little endian)."""
+    """Appends the record indices of every completed step to a file (int64, little endian),
+    and the step's global step, record count and end (µs since the epoch) to PATH.steps."""
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._file = None
+        self._steps_file = None
 
     def begin(self) -> None:
         ids = tf.compat.v1.get_collection(_RECORD_ID_COLLECTION)
         if len(ids) != 1:
             raise RuntimeError(f"expected one record id tensor in the graph, found {len(ids)}")
-        self._ids = ids[0]
+        self._fetches = (ids[0], tf.compat.v1.train.get_global_step())
         os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
         self._file = open(self._path, "ab")  # closed in end()
+        self._steps_file = open(f"{self._path}.steps", "ab")
 
     def before_run(
         self, run_context: tf.estimator.SessionRunContext
     ) -> tf.estimator.SessionRunArgs:
-        return tf.estimator.SessionRunArgs(self._ids)
+        return tf.estimator.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values: tf.estimator.SessionRunValues) -> None:
-        self._file.write(np.asarray(run_values.results, dtype="<i8").tobytes())
+        ids, global_step = run_values.results
+        self._file.write(np.asarray(ids, dtype="<i8").tobytes())
         self._file.flush()
+        row = [global_step, len(ids), time.time_ns() // 1000]
+        self._steps_file.write(np.asarray(row, dtype="<i8").tobytes())
+        self._steps_file.flush()
 
     def end(self, session: tf.compat.v1.Session) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        for f in (self._file, self._steps_file):
+            if f is not None:
+                f.close()
+        self._file = self._steps_file = None
 
 
 class RehearseHangHook(tf.estimator.SessionRunHook):
@@ -451,7 +459,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--log-trained-ids",
         metavar="PATH_PREFIX",
-        help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids",
+        help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids (and "
+        "its global step, record count and end time to that path + .steps)",
     )
     p.add_argument(
         "--progress-hook-only",
@@ -561,7 +570,9 @@ def main(argv: list[str] | None = None) -> int:
         def train_input_fn() -> tf.data.Dataset:
             return dataset.to_tf_dataset(read_fn)
 
-        hooks.append(dlrover_tf.ShardProgressHook(dataset))
+        # On the chief it also reports each checkpoint saved in the model dir with the data
+        # position, and the step each session restored: the data follows the model.
+        hooks.append(dlrover_tf.ShardProgressHook(dataset, model_dir=args.model_dir))
         if config.is_chief and not args.progress_hook_only:
             # The data position is saved with every checkpoint: after a PS failure the master
             # rolls the data back to the checkpoint the chief restores.

@@ -89,8 +89,12 @@ class RollbackMixin:
         # again are then exactly those the restored model has not trained on.
         self.catch_up_positions()
         before = _records_done(self.sharding.stats())
-        for name in self.sharding.names():
-            self.sharding.restore_snapshot(name, step)
+        # The position saved last at or before `step` (a model's global step may be past its
+        # checkpoint's name: workers step on while the chief saves).
+        saved_at = {
+            name: self.sharding.restore_snapshot(name, step)["global_step"]
+            for name in self.sharding.names()
+        }
         for r in rollbacks_to_report(before, _records_done(self.sharding.stats()), reason):
             self._emit(
                 "rollback",
@@ -99,6 +103,7 @@ class RollbackMixin:
                 reason=reason,
                 dataset=r.dataset,
                 checkpoint_step=step,
+                position_step=saved_at[r.dataset],
                 records_to_redo=r.records_to_redo,
             )
 

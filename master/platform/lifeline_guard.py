@@ -66,7 +66,8 @@ def _guard_main(argv: Sequence[str]) -> None:
     code = child.wait()
     write_exit_file(exit_file, code)
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:  # SIGKILL's action cannot be set (nor needs to be)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code if code >= 0 else 128 - code)
 

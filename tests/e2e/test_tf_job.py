@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -373,3 +374,128 @@ def test_tf_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
     assert [n["exit_reason"] for n in summary["nodes"]].count("hang") == 1
     # The hung step never ran: its batch, and the rest of its shard, went back to the queue.
     check_trained_ids(ids, RECORDS, extra_batches=1)
+
+
+def _checkpoint_in(model_dir) -> int:
+    """The step of the newest checkpoint the model dir's state file names (-1: none yet)."""
+    try:
+        text = (model_dir / "checkpoint").read_text()
+    except OSError:
+        return -1
+    match = re.search(r'^model_checkpoint_path: ".*-(\d+)"$', text, re.M)
+    return int(match.group(1)) if match else -1
+
+
+def _files_grew(ids, task) -> bool:
+    return any(os.path.getsize(f) > 0 for f in glob.glob(str(ids / f"trained.{task}.*.ids")))
+
+
+def _batches_trained(ids) -> int:
+    return sum(os.path.getsize(f) for f in glob.glob(str(ids / "trained.*.ids"))) // 8 // BATCH
+
+
+def _ps_server_pid(run_dir) -> int:
+    """The pid of the job's PS server process (`python -m dlrover_tf.ps`, not its guard)."""
+    want = f"DLROVER_RUN_DIR={os.path.realpath(run_dir)}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        ps_server = argv[1:3] == [b"-m", b"dlrover_tf.ps"]
+        if ps_server and want in env and b"DLROVER_NODE_TYPE=ps" in env:
+            return int(pid)
+    raise AssertionError(f"no PS process of {run_dir}")
+
+
+def _wait_until(condition, proc, what, timeout=300.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the job ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+def _records_since(ids, restored: int, killed: float) -> tuple[int, int]:
+    """Records trained before the PS was killed (at time `killed`) on steps past global step
+    `restored`, and the highest global step reached before the kill (from each trainer's
+    PATH.steps file: global step, records, end time of each step)."""
+    since, reached = 0, 0
+    for path in glob.glob(str(ids / "trained.*.ids.steps")):
+        rows = np.fromfile(path, dtype="<i8").reshape(-1, 3)
+        # A step ending within 0.5 s of the kill ran before it: rebuilding the sessions
+        # on a new PS and restoring the checkpoint take longer.
+        before = rows[rows[:, 2] < (killed + 0.5) * 1e6]
+        since += int(before[before[:, 0] > restored, 1].sum())
+        reached = max(reached, int(before[:, 0].max(initial=0)))
+    return since, reached
+
+
+def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_checkpoint(tmp_path):
+    # The program uses only the sharded input and the documented ShardProgressHook (no
+    # elastic_model_fn, no CheckpointLedgerListener): the hook alone tells the master of each
+    # checkpoint the chief saves and of the step the chief's session restored.
+    # 6,000 steps: workers that find the chief not ready at their first check sleep TF's 30 s
+    # before they train; the kill comes once they do.
+    records = 16 * RECORDS
+    ids = write_job(tmp_path, records=records, eval_records=1024)
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    job["command"].append("--progress-hook-only")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--summary-json", str(tmp_path / "s.json"), "--run-dir", str(run_dir)]
+    with open(tmp_path / "submit.log", "w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            # The PS is SIGKILLed while the chief and both workers train, 150 steps after a
+            # checkpoint past step 0 (the chief checkpoints every 500 global steps).
+            def ready():
+                workers = all(_files_grew(ids, f"worker.{i}") for i in (0, 1))
+                return workers and _checkpoint_in(run_dir / "model") > 0
+
+            _wait_until(ready, proc, "a checkpoint while the workers train")
+            saved = _checkpoint_in(run_dir / "model")
+            _wait_until(lambda: _batches_trained(ids) >= saved + 150, proc, f"step {saved + 150}")
+            os.kill(_ps_server_pid(run_dir), signal.SIGKILL)
+            killed = time.time()
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log.seek(0)
+        assert proc.returncode == 0, log.read()[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    # The step TF restored: the first checkpoint the chief loaded (the final evaluation loads
+    # the last one too).
+    chief_log = "".join(open(p).read() for p in glob.glob(str(run_dir / "logs" / "chief-0.*")))
+    loaded = [
+        int(line.split("model.ckpt-")[1].split()[0])
+        for line in chief_log.splitlines()
+        if "Restoring parameters from " in line and "model.ckpt-" in line
+    ]
+    assert loaded and loaded[0] >= saved, (loaded, saved)
+    restored = loaded[0]
+    since, reached = _records_since(ids, restored, killed)
+    trained = np.concatenate(
+        [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
+    )
+    counts = np.bincount(trained, minlength=records)
+    extra = int((counts - EPOCHS).sum())
+    print(
+        f"PS killed at global step {reached}; TF restored {restored}; records trained since "
+        f"{since}; trained again {extra}"
+    )
+    assert counts.min() == EPOCHS, "a record trained too few times"
+    # Exactly the records the restored model had not trained on go again, up to one batch in
+    # flight per trainer.
+    assert abs(extra - since) <= 3 * BATCH, (extra, since, restored, reached)
+    rollback = [e for e in summary["events"] if e["kind"] == "rollback"]
+    # The data went back to the position saved with the checkpoint TF restored (the step the
+    # chief reports is the restored model's global step, which may be a little past it).
+    assert [e["details"]["position_step"] for e in rollback] == [restored], rollback
+    assert rollback[0]["reason"] == "model_restored", rollback
