@@ -319,8 +319,10 @@ def test_address_for_is_stable_and_distinct(platform):
 
 
 def test_fake_job_on_ray_survives_a_worker_kill(ray_address, tmp_path):
+    # Progress reaches the master coalesced, once a second (the node actors read a dead
+    # trainer's position back): the job outlasts that lag, so the kill finds worker 1 training.
     proc, summary = submit(
-        write_job(tmp_path),
+        write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.04"}),
         tmp_path,
         "--platform",
         "ray",
