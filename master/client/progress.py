@@ -83,6 +83,9 @@ class ProgressStream:
         self._pending_lock = threading.Lock()
         self._pending: dict[str, dict[int, int]] = {}
         self._inflight: dict[str, dict[int, int]] = {}
+        # The batch sent last: on the wire is not yet applied by the master, and a master that
+        # hands this trainer's shards back first (a PS loss) reads them from the file.
+        self._last_sent: dict[str, dict[int, int]] = {}
         self._pending_steps = 0
         self._pending_loss: float | None = None
         self._flush_lock = threading.Lock()  # one flush at a time
@@ -216,10 +219,12 @@ class ProgressStream:
             self._pending_steps += 1
             if loss is not None:
                 self._pending_loss = loss
-            # What the master has not surely received: a report being sent, and the pending.
-            merged = {d: dict(shards) for d, shards in self._inflight.items()}
-            for d, shards in self._pending.items():
-                merged.setdefault(d, {}).update(shards)
+            # What the master may not have applied yet: the report sent last, one being sent,
+            # and the pending (positions are cumulative, so a newer one replaces an older).
+            merged: dict[str, dict[int, int]] = {}
+            for batch in (self._last_sent, self._inflight, self._pending):
+                for d, shards in batch.items():
+                    merged.setdefault(d, {}).update(shards)
             self._position.write(merged)
             if time.monotonic() - self._flushed_at >= self._flush_seconds:
                 self._flush_soon.set()  # the first step after a quiet interval
@@ -281,7 +286,7 @@ class ProgressStream:
             if self._wait_sent() and self._heartbeat is not None:
                 self._heartbeat.carried()
             with self._pending_lock:
-                self._inflight = {}
+                self._inflight, self._last_sent = {}, batch
 
     def close(self, timeout: float = 30.0) -> data_pb2.ReportProgressReply | None:
         """Flush: end the stream and wait until the master has applied every report."""

@@ -193,6 +193,7 @@ class NodeExitMixin:
     _ps_losses: dict[str, float]  # PS name -> when it was last lost (monotonic)
     _training_done_at: float | None
     _chief_reports_restores: bool
+    _restore_after_ps_loss: bool
     _emit: Callable[..., Any]
     _launch: Callable[..., Node]
     _set_state: Callable[..., None]
@@ -280,6 +281,7 @@ class NodeExitMixin:
             self._mark_phase("detected", seen)
             if recovery == DataRecovery.FREE_HELD_SHARDS:
                 self._free_held_shards()  # the chief's restore report rolls the data back
+                self._restore_after_ps_loss = True
             else:
                 # No restore report will come: the timeline ends at the first step past the
                 # checkpoint the data went back to.

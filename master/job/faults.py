@@ -144,10 +144,19 @@ class FaultInjectionMixin:
     _save_runtime: Callable[[], None]
     percent_done: Callable[[], float]
     elapsed: Callable[[], float]
+    catch_up_positions: Callable[[], int]
 
     def _inject_faults(self) -> None:
         if len(self._fired_faults) == len(self._faults):
             return
+        if any(
+            f.at_percent is not None
+            for i, f in enumerate(self._faults)
+            if i not in self._fired_faults
+        ):
+            # Coalesced reports lag by up to their interval: count the steps taken so far, so
+            # a fault fires at its percentage, not at the next report (or checkpoint flush).
+            self.catch_up_positions()
         pct, secs = self.percent_done(), self.elapsed()
         for i in faults_due(self._faults, self._fired_faults, pct, secs, self.global_step):
             fault = self._faults[i]

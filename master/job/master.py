@@ -161,6 +161,9 @@ class JobMaster(
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
+        # A PS was lost and the chief's restore report will roll the data back: that rollback
+        # is reported even when it moves nothing (the checkpoint was where the data was).
+        self._restore_after_ps_loss = False
         self.migrator = PSMigrator(
             self.kv,
             self.nodes.current,
@@ -291,9 +294,10 @@ class JobMaster(
         self._chief_reports_restores = True
         if first:
             self._save_runtime()
+        after_ps_loss, self._restore_after_ps_loss = self._restore_after_ps_loss, False
         if step == 0 and all(s.records_done == 0 for s in self.sharding.stats()):
             return  # a fresh start: nothing to go back from
-        self._rollback_data(step, reason=MODEL_RESTORED)
+        self._rollback_data(step, reason=MODEL_RESTORED, report_unchanged=after_ps_loss)
 
     def emit(
         self, kind: str, message: str, node: Node | None = None, reason: str = "", **details: Any

@@ -36,15 +36,19 @@ class DatasetRollback:
 
 
 def rollbacks_to_report(
-    before: Mapping[str, int], after: Mapping[str, int], reason: str
+    before: Mapping[str, int],
+    after: Mapping[str, int],
+    reason: str,
+    report_unchanged: bool = False,
 ) -> list[DatasetRollback]:
     """The datasets whose rollback is worth an event, from the records done before and after
     it. A restore the chief reports that changed nothing (it restored where the data was) is
-    not; a PS failure always is."""
+    not, unless it follows a PS loss (`report_unchanged`); a PS failure always is."""
+    quiet = reason == MODEL_RESTORED and not report_unchanged
     return [
         DatasetRollback(name, before[name] - done)
         for name, done in after.items()
-        if not (before[name] == done and reason == MODEL_RESTORED)
+        if not (before[name] == done and quiet)
     ]
 
 
@@ -79,10 +83,13 @@ class RollbackMixin:
             if node.type in TRAINING_TYPES:
                 self.sharding.release_everywhere(node.id)
 
-    def _rollback_data(self, step: int | None = None, reason: str = PS_FAILED) -> None:
+    def _rollback_data(
+        self, step: int | None = None, reason: str = PS_FAILED, report_unchanged: bool = False
+    ) -> None:
         """The model goes back to a checkpoint (a PS lost its variables, or the chief restored
         one), so every dataset goes back to the position saved with it. Without a step: the
-        latest checkpoint the master knows of (or the start if none exists)."""
+        latest checkpoint the master knows of (or the start if none exists). An event says
+        so for each dataset it moved (`rollbacks_to_report`)."""
         if step is None:
             step = rollback_step(self.checkpoints.latest())
         # Every step taken so far counts before (coalesced reports lag): the records to train
@@ -95,7 +102,8 @@ class RollbackMixin:
             name: self.sharding.restore_snapshot(name, step)["global_step"]
             for name in self.sharding.names()
         }
-        for r in rollbacks_to_report(before, _records_done(self.sharding.stats()), reason):
+        after = _records_done(self.sharding.stats())
+        for r in rollbacks_to_report(before, after, reason, report_unchanged):
             self._emit(
                 "rollback",
                 f"dataset {r.dataset}: back to the position of checkpoint step {step} "

@@ -25,13 +25,13 @@ CHUNK = 10  # --checkpoint-every: with --loop fit, the steps of one Keras epoch
 pytestmark = pytest.mark.slow
 
 
-def run_job(tmp_path, *submit_args, loop="coordinator"):
+def run_job(tmp_path, *submit_args, loop="coordinator", checkpoint_every=CHUNK, records=RECORDS):
     """Submit the example (1 ps, chief, 2 workers); returns the summary and the ids folder."""
     ids = write_job(
         tmp_path,
-        records=RECORDS,
+        records=records,
         script="keras_ps.py",
-        args=["--checkpoint-every", str(CHUNK), "--loop", loop],
+        args=["--checkpoint-every", str(checkpoint_every), "--loop", loop],
     )
     summary_path = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
@@ -40,7 +40,7 @@ def run_job(tmp_path, *submit_args, loop="coordinator"):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "succeeded"
-    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     ps = [n for n in summary["nodes"] if n["type"] == "ps"]
     assert ps[-1]["status"] == "deleted"  # stopped by the master once training ended
     # The text log of tf.print ("[1 2 3]" per step) as the binary file the helper reads.
@@ -76,7 +76,14 @@ def test_keras_ps_job_survives_worker_kill(tmp_path, loop):
 # unreported window differs. It passed here too, and is left out to keep the file short.
 @pytest.mark.parametrize("loop", ["coordinator"])
 def test_keras_ps_kill_restarts_the_coordinator_and_rolls_data_back(tmp_path, loop):
-    summary, ids = run_job(tmp_path, "--kill", "ps:0@40%", loop=loop)
+    # Only the step-0 checkpoint, and three times the data: the kill always leaves steps to
+    # redo, and fewer than an epoch's (every record is trained at most once more), even when
+    # the master's 0.2 s tick lets dozens of these short steps pass. With a checkpoint every
+    # 10 steps, a kill could land just as one finished, leaving nothing to roll back.
+    records = 3 * RECORDS
+    summary, ids = run_job(
+        tmp_path, "--kill", "ps:0@10%", loop=loop, checkpoint_every=10_000, records=records
+    )
     chiefs = [n for n in summary["nodes"] if n["type"] == "chief"]
     assert len(chiefs) == 2 and chiefs[0]["exit_reason"] == "killed"
     assert chiefs[-1]["status"] == "succeeded" and chiefs[-1]["relaunches"] == 0  # no budget
@@ -87,10 +94,10 @@ def test_keras_ps_kill_restarts_the_coordinator_and_rolls_data_back(tmp_path, lo
     redo = int(rollback[0].split("(")[1].split(" records")[0].replace(",", ""))
     if loop == "coordinator":
         # The model went back to the checkpoint; every batch after it was applied once more.
-        assert summary["global_step"] == STEPS
+        assert summary["global_step"] == -(-records * EPOCHS // BATCH)
     trained = np.fromfile(ids / "trained.keras.ids", dtype=np.int64)
-    counts = np.bincount(trained, minlength=RECORDS)
-    assert len(counts) == RECORDS and counts.min() == EPOCHS
+    counts = np.bincount(trained, minlength=records)
+    assert len(counts) == records and counts.min() == EPOCHS
     extra = int((counts - EPOCHS).sum())
     # Trained again: what was rolled back, plus the steps applied but not yet counted done when
     # the PS died (those in flight; with fit, the current epoch's, counted at its end).

@@ -67,3 +67,12 @@ def test_a_ps_failure_reports_every_dataset_a_restore_only_those_that_moved():
         DatasetRollback("eval", 0),
     ]
     assert rollbacks_to_report(before, after, MODEL_RESTORED) == [DatasetRollback("train", 800)]
+
+
+def test_a_restore_after_a_ps_loss_is_reported_even_when_the_data_was_already_there():
+    # The PS died just after a checkpoint: the chief restores where the data already is.
+    same = {"train": 4200}
+    assert rollbacks_to_report(same, same, MODEL_RESTORED) == []
+    assert rollbacks_to_report(same, same, MODEL_RESTORED, report_unchanged=True) == [
+        DatasetRollback("train", 0)
+    ]
