@@ -439,7 +439,7 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     # elastic_model_fn, no CheckpointLedgerListener): the hook alone tells the master of each
     # checkpoint the chief saves and of the step the chief's session restored.
     # 6,000 steps: workers that find the chief not ready at their first check sleep TF's 30 s
-    # before they train; the kill comes once they do.
+    # before they train; the kill comes once one of them trains.
     records = 16 * RECORDS
     ids = write_job(tmp_path, records=records, eval_records=1024)
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
@@ -451,13 +451,15 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     with open(tmp_path / "submit.log", "w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:
-            # The PS is SIGKILLed while the chief and both workers train, 150 steps after a
-            # checkpoint past step 0 (the chief checkpoints every 500 global steps).
+            # The PS is SIGKILLed while the chief and the workers train, 150 steps after a
+            # checkpoint past step 0 (the chief checkpoints every 500 global steps). A worker
+            # that slept TF's 30 s may still be asleep: on a loaded machine the chief and the
+            # other worker trained all 6,000 steps in those 30 s (seen in CI).
             def ready():
-                workers = all(_files_grew(ids, f"worker.{i}") for i in (0, 1))
+                workers = any(_files_grew(ids, f"worker.{i}") for i in (0, 1))
                 return workers and _checkpoint_in(run_dir / "model") > 0
 
-            _wait_until(ready, proc, "a checkpoint while the workers train")
+            _wait_until(ready, proc, "a checkpoint while a worker trains")
             saved = _checkpoint_in(run_dir / "model")
             _wait_until(lambda: _batches_trained(ids) >= saved + 150, proc, f"step {saved + 150}")
             os.kill(_ps_server_pid(run_dir), signal.SIGKILL)
