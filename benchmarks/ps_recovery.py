@@ -15,9 +15,10 @@ global step (`--kill-step`, or later once the standby PS is ready):
   restores that checkpoint (`dlrover_tf.elastic_model_fn`), workers resume.
 
 Recovery time = from the failure (or the migrate call) to the first step that moves the data
-forward again, polled every 0.2 s through a client of the master. Steps lost = global step at
-the failure minus the checkpoint step training continued from (for the migration: the records
-rolled back, in steps).
+forward again, polled every 0.2 s through a client of the master. Steps lost = the records the
+master rolled back, in steps (its rollback event counts every step taken, where the global step
+it has seen lags by up to a coalesced report's interval); for the full restart, which has no
+rollback, the global step seen at the failure minus the checkpoint step (a lower bound).
 
 Each recovery's timeline comes from the job's `recovery` event (master.job.recovery_timeline):
 failure detected, PS process started (or the standby promoted), PS serving, sessions rebuilt
@@ -240,6 +241,13 @@ def _restored_step(summary: dict) -> int:
     return int(rollback[-1].split("checkpoint step ")[1].split(" ")[0]) if rollback else 0
 
 
+def _records_rolled_back(summary: dict) -> int:
+    """Records the job's rollback events sent back to be trained again."""
+    return sum(
+        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
+    )
+
+
 def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> dict:
     """The PS's process group SIGKILLed (as `--kill` does) at `kill_step`, or once the
     standby is ready if that is later: a standby is ready long before a failure in a job
@@ -258,11 +266,15 @@ def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> d
     resumed = _watch_resume(job, done_before)
     summary = job.finish(stop=True)
     ckpt = _restored_step(summary)
+    # The master's global step lags the trainers' by up to a coalesced report's interval; the
+    # rollback counts every step taken (positions caught up), so the redo comes from it.
+    redo = _records_rolled_back(summary)
     return {
         "recovery_seconds": round((resumed or time.time()) - killed, 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
-        "steps_lost": max(0, step_at_kill - ckpt),
+        "records_to_train_again": redo,
+        "steps_lost": -(-redo // batch_size()),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
         "steps_per_second_before_failure": round(rate, 2),
@@ -285,9 +297,7 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
     at_move = job.status()
     resumed = _watch_advance(job, at_move[1]) if at_move else None
     summary = job.finish(stop=True)
-    redo = sum(
-        e["details"].get("records_to_redo", 0) for e in summary["events"] if e["kind"] == "rollback"
-    )
+    redo = _records_rolled_back(summary)
     return {
         "migrate_call_seconds": round(moved - asked, 2),
         "recovery_seconds": round((resumed or time.time()) - asked, 2),
@@ -400,8 +410,9 @@ def main() -> int:
         for name, r in (("elastic", elastic), ("full restart", baseline)):
             print(
                 f"{name:13s}: training resumed {r['recovery_seconds']:6.1f} s after the PS failure"
-                f" at step {r['global_step_at_failure']}, from checkpoint step "
-                f"{r['restored_from_step']} ({r['steps_lost']} steps to redo)"
+                f" (the master had seen step {r['global_step_at_failure']}), from checkpoint step "
+                f"{r['restored_from_step']} ({r['steps_lost']} steps to redo"
+                + (")" if "records_to_train_again" in r else ", at least: from the step seen)")
             )
             if "checkpoint_interval" in r:
                 ci = r["checkpoint_interval"]
