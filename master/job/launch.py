@@ -75,6 +75,13 @@ def tf_config(cluster: Mapping[str, list[str]], node_type: str, rank: int) -> st
     )
 
 
+# TF's gRPC channels try a refused peer again after 1 s (jittered) by default, so a chief or
+# worker whose PS was replaced at the same address (a standby promoted in a few tens of ms)
+# sat idle for most of that second. 100 ms, growing 1.6x per attempt up to TF's 1 s cap.
+TF_GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"
+TF_GRPC_RECONNECT_OPTIONS = "grpc.initial_reconnect_backoff_ms=100"
+
+
 def node_env(
     spec: JobSpec,
     runtime: JobRuntime,
@@ -104,6 +111,10 @@ def node_env(
         }
     )
     env.pop("DLROVER_JOB_TOKEN", None)
+    # The user's own TF gRPC options come after ours: the later setting wins.
+    env[TF_GRPC_OPTIONS_ENV] = ",".join(
+        filter(None, (TF_GRPC_RECONNECT_OPTIONS, env.get(TF_GRPC_OPTIONS_ENV, "")))
+    )
     return env
 
 

@@ -126,6 +126,18 @@ def test_without_an_inherited_env_a_node_gets_only_the_jobs_variables():
     assert "PATH" not in env and env["DLROVER_NODE_ID"] == "1"
 
 
+def test_tf_retries_a_refused_peer_soon_and_the_users_grpc_options_come_last():
+    spec = _spec(worker={"replicas": 1})
+    env = node_env(spec, RUNTIME, Node("worker", 0, id=1), {"worker": ["w0:1"]})
+    assert env["TF_GRPC_DEFAULT_OPTIONS"] == "grpc.initial_reconnect_backoff_ms=100"
+    spec = _spec(
+        env={"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=60000"}, worker={"replicas": 1}
+    )
+    env = node_env(spec, RUNTIME, Node("worker", 0, id=1), {"worker": ["w0:1"]})
+    options = env["TF_GRPC_DEFAULT_OPTIONS"].split(",")
+    assert options == ["grpc.initial_reconnect_backoff_ms=100", "grpc.keepalive_time_ms=60000"]
+
+
 def test_each_incarnation_logs_to_its_own_file():
     assert node_log_path("/runs/j1", Node("ps", 0, id=3)) == "/runs/j1/logs/ps-0.3.log"
     assert node_log_path("/runs/j1", Node("ps", 0, id=9)) == "/runs/j1/logs/ps-0.9.log"
