@@ -233,7 +233,7 @@ class NodeExitMixin:
         if node is None:
             return
         node.extra["diagnosis"] = diagnosis
-        requeued = self.sharding.release_everywhere(node.id)
+        requeued = self.sharding.retire(node.id)
         if ended_cleanly(reason):
             log.info("%s id=%d ended: %s", node.name, node.id, reason.value)
             cause = node.stop_cause if reason == ExitReason.STOPPED else ""

@@ -107,6 +107,8 @@ class ShardingService:
         self._lock = threading.Lock()
         self._flush_seconds = flush_seconds
         self._closed = threading.Event()
+        # Node incarnations that ended: never granted a shard again (ids are per incarnation).
+        self._retired: set[int] = set()
         leases: dict[str, list[dict]] = {}
         for key, raw in store.scan(LEASE_TABLE).items():
             leases.setdefault(key.rpartition("/")[0], []).append(json.loads(raw))
@@ -177,6 +179,8 @@ class ShardingService:
                 ledger = entry.ledger
                 shard = again
             while again is None:
+                if holder in self._retired:
+                    return ShardGrant(ShardStatus.PENDING)  # its answer has nobody to reach
                 ledger = entry.ledger
                 shard = ledger.next_shard(holder, request_id)
                 if shard is not None:
@@ -235,6 +239,12 @@ class ShardingService:
             entry.changed()
             entry.cond.notify_all()
         return n
+
+    def retire(self, holder: int) -> dict[str, int]:
+        """The holder's incarnation ended: its remainders go back (as `release_everywhere`),
+        and an ask it sent before it died, still waiting here, can never take them."""
+        self._retired.add(holder)
+        return self.release_everywhere(holder)
 
     def release_everywhere(self, holder: int) -> dict[str, int]:
         """Re-queue the holder's remainders in every dataset (the node died or hung)."""

@@ -1,0 +1,41 @@
+"""Shard asks of a node incarnation that ended: never granted, even while still waiting."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from master.sharding.ledger import DatasetSpec
+from master.sharding.service import ShardingService, ShardStatus
+from master.state.sqlite import SQLiteStateStore
+
+# Two shards, one epoch: once both are held, a further ask waits for one to come back.
+SPEC = DatasetSpec("ds", size=200, batch_size=10, records_per_shard=100)
+
+
+def test_an_ask_a_node_sent_before_it_died_does_not_take_its_requeued_shard(
+    tmp_path: Path,
+) -> None:
+    svc = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), flush_seconds=3600)
+    svc.create(SPEC)
+    dying = svc.get_shard("ds", holder=4).shard
+    assert svc.get_shard("ds", holder=3).status == ShardStatus.SHARD
+    svc.report("ds", 4, [(dying.shard_id, 30)])
+    # Its input pipeline asked for the next shard just before it was killed: the ask waits.
+    answers = []
+    ask = threading.Thread(
+        target=lambda: answers.append(svc.get_shard("ds", holder=4, wait_seconds=10.0))
+    )
+    ask.start()
+    while not svc._datasets["ds"].cond._waiters:  # the ask is waiting on the ledger
+        ask.join(0.01)
+    assert svc.retire(4) == {"ds": 70}  # the node's end: its remainder goes back
+    ask.join(10.0)
+    assert not ask.is_alive()
+    assert [a.status for a in answers] == [ShardStatus.PENDING]
+    # The remainder is there for the living (it was handed to the dead node before the fix,
+    # and the job waited for ever for a shard no process would train).
+    regrant = svc.get_shard("ds", holder=3)
+    assert regrant.status == ShardStatus.SHARD and regrant.shard.size == 70
+    assert svc.get_shard("ds", holder=4).status == ShardStatus.PENDING
+    svc.close()
