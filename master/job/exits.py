@@ -146,9 +146,13 @@ def relaunch_decision(
     spec: JobSpec,
     job_relaunches_used: int,
     training_done: bool,
+    job_ended: bool = False,
 ) -> ExitDecision:
     """Relaunch, fail the job, or nothing: the relaunch policy with the job's budgets. Once
-    training is done, PS and evaluators are being stopped and are never relaunched."""
+    training is done, PS and evaluators are being stopped and are never relaunched; once the
+    job has ended (its nodes' last exits are recorded as the platform shuts down), nothing is."""
+    if job_ended:
+        return ExitDecision(Action.NONE, "the job has ended")
     return decide_on_exit(
         node,
         diagnosis.reason,
@@ -301,7 +305,7 @@ class NodeExitMixin:
             )
             return
         decision = relaunch_decision(
-            node, diagnosis, self.spec, self._job_relaunches, training_done
+            node, diagnosis, self.spec, self._job_relaunches, training_done, self.state.ended
         )
         if decision.action == Action.RELAUNCH:
             self._job_relaunches += 1

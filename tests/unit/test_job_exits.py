@@ -122,6 +122,16 @@ def test_relaunch_within_the_rank_and_job_budgets():
     assert d.action == Action.FAIL_JOB and "(max_relaunches: 5) is used up" in d.reason
 
 
+def test_nothing_is_relaunched_once_the_job_has_ended():
+    # A node killed just before the job failed ends while the platform shuts down: recorded,
+    # never relaunched (a launch on the closed platform crashed the master's exit).
+    node = Node("worker", 1, id=4, relaunches=0, exit_code=-9)
+    d = relaunch_decision(
+        node, _diagnosis(ExitReason.HEARTBEAT_LOST), SPEC, 0, training_done=False, job_ended=True
+    )
+    assert d.action == Action.NONE
+
+
 def test_a_ps_out_of_memory_comes_back_with_more():
     ps = Node("ps", 0, id=1, memory_mb=1000)
     d = relaunch_decision(ps, _diagnosis(ExitReason.OOM), SPEC, 0, training_done=False)
