@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from master.sharding.ledger import DatasetSpec
@@ -27,7 +28,9 @@ def test_an_ask_a_node_sent_before_it_died_does_not_take_its_requeued_shard(
         target=lambda: answers.append(svc.get_shard("ds", holder=4, wait_seconds=10.0))
     )
     ask.start()
-    while not svc._datasets["ds"].cond._waiters:  # the ask is waiting on the ledger
+    deadline = time.monotonic() + 10.0
+    while not svc._datasets["ds"].cond._waiters:  # until the ask waits on the ledger
+        assert ask.is_alive() and time.monotonic() < deadline, answers
         ask.join(0.01)
     assert svc.retire(4) == {"ds": 70}  # the node's end: its remainder goes back
     ask.join(10.0)
