@@ -139,7 +139,9 @@ def _start_heartbeats(client: Any, agent: DLRoverElasticAgent, resources: _Resou
 
     beat = HeartbeatThread(client, interval, on_command=on_command, global_step=agent.global_step)
     beat.start()
-    resources.closers.append(beat.stop)
+    # Beats stop last: the master must not take a node whose cleanup is slow (spares exiting,
+    # the last checkpoint persisting) for a dead one and kill it mid-way.
+    resources.closers.insert(0, beat.stop)
 
 
 def _node_identity(cfg: LaunchConfig, env: Mapping[str, str], kv: Any) -> tuple[Any, int]:

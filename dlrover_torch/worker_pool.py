@@ -27,6 +27,8 @@ from dlrover_torch.preload import DEFAULT_PRELOAD, LATE_PRELOAD
 log = logging.getLogger(__name__)
 
 MAX_IDLE_DEATHS = 3  # spares that died before their job: after this many, no more spares
+SPARE_EXIT_GRACE_S = 2.0  # for idle spares to exit on EOF before they are killed
+SPARE_KILL_WAIT_S = 5.0  # for a killed spare to be gone; never blocks the agent longer
 
 
 @dataclass(frozen=True)
@@ -202,20 +204,31 @@ class SparePool:
         return proc
 
     def close(self) -> None:
-        """Retire every idle spare: EOF on stdin, then SIGKILL whatever is left."""
+        """Retire every idle spare: EOF on stdin, then SIGKILL whatever is left.
+
+        A low-priority spare gets its priority back first: on a busy machine its exit (freeing
+        the memory of torch and the script's imports) would otherwise take tens of seconds,
+        and the agent would wait for it with its node's work done."""
         for p in self._idle:
+            if p.pid in self._low:
+                priority.restore(p.pid, self._lowering, self._nice)
             try:
                 if p.stdin:
                     p.stdin.close()
             except OSError:
                 pass
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + SPARE_EXIT_GRACE_S
         for p in self._idle:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _kill_group(p.pid, signal.SIGKILL)
-                p.wait()
+                try:
+                    p.wait(SPARE_KILL_WAIT_S)
+                except subprocess.TimeoutExpired:  # killed; init reaps it once we are gone
+                    log.warning(
+                        "spare %s still exiting %.0f s after SIGKILL", p.pid, SPARE_KILL_WAIT_S
+                    )
             self._forget(p)
         self._idle = []
 

@@ -112,3 +112,29 @@ def test_stdin_of_the_launcher_reaches_the_worker(workdir):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "piped to the launcher"
+
+
+def test_closing_the_pool_gives_low_priority_spares_their_priority_back_before_they_exit(
+    workdir, monkeypatch
+):
+    """On a busy machine a spare at nice 19 takes tens of seconds to exit; the agent, whose
+    node's work is done, must not wait that long (seen: a node killed as silent meanwhile)."""
+    from dlrover_torch import priority
+
+    if priority.lowering_method() == priority.NONE:
+        pytest.skip("this machine lets no process lower its priority and raise it back")
+    order = []
+    real_restore = priority.restore
+    monkeypatch.setattr(
+        priority, "restore", lambda pid, *a: (order.append(("restore", pid)), real_restore(pid, *a))
+    )
+    pool = SparePool(1, preload=(), late_preload=(), command=WorkerCommand("train.py", ()))
+    pool.refill()  # at low priority, as after every group start
+    (spare,) = pool._idle
+    real_close = spare.stdin.close
+    monkeypatch.setattr(
+        spare.stdin, "close", lambda: (order.append(("eof", spare.pid)), real_close())
+    )
+    pool.close()
+    assert order[:2] == [("restore", spare.pid), ("eof", spare.pid)]
+    assert spare.poll() is not None  # gone, and reaped
