@@ -169,6 +169,12 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             n,
             [len(r["errors"]) for r in results],
         )
+    call_errors: dict[str, int] = {}
+    for r in results:
+        for k, count in r["call_errors"].items():
+            call_errors[k] = call_errors.get(k, 0) + count
+    if call_errors:
+        log.info("N=%d: failed calls retried or gone on from: %s", n, call_errors)
     latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
     late = array("d")
     for r in results:
@@ -217,6 +223,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         if false_times
         else None,
         "nodes_failed": len(errors),
+        "failed_calls": call_errors,  # retried or gone on from, as the real clients do
         # Per message received: progress messages, heartbeats and shard asks.
         "master_cpu_us_per_message": round(
             (own1[1] - own0[1])

@@ -53,11 +53,17 @@ class SimPlan:
     carried_beats: bool = False
 
 
+# What the real clients retry (MasterClient._call) or survive (HeartbeatThread logs and beats on,
+# ProgressStream reopens): a simulated node does the same, so a lost node measures the master.
+RETRY_SECONDS = 60
+
+
 class _Stats:
     """Latencies (seconds, of calls ending in the window) and counts of one process."""
 
     def __init__(self) -> None:
         self.latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
+        self.call_errors: dict[str, int] = {}  # "kind: CODE" -> calls that failed (and went on)
         self.steps = 0  # steps taken in the window
         self.messages = 0  # progress messages sent in the window
         self.shards = 0  # shards whose last step was reported in the window
@@ -88,6 +94,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
     import grpc
 
     from master.client import TOKEN_METADATA_KEY
+    from master.client.master import RETRYABLE_CODES
 
     common_pb2, data_pb2, nodes_pb2 = pb
     node_type, rank, node_id = node
@@ -100,9 +107,19 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
     upcoming = None
     stat = nodes_pb2.ResourceStats(cpu_percent=50.0, memory_rss_bytes=2**30)
     carried_at = float("-inf")  # when a progress report last carried this node's beat
+    asks = [random.getrandbits(40)]
 
     def stop_at() -> float:  # the window's end; the silent node's silence starts with it
         return window.begin if silent else window.end
+
+    def failed(kind: str, e: Exception) -> None:
+        code = (
+            f"{e.code().name} ({(e.details() or '')[:60]})"
+            if isinstance(e, grpc.aio.AioRpcError)
+            else type(e).__name__
+        )
+        key = f"{kind}: {code}"
+        stats.call_errors[key] = stats.call_errors.get(key, 0) + 1
 
     def timed(kind: str, t0: float) -> None:
         t1 = clock()
@@ -121,20 +138,47 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
             if fresh and t0 - called < COMMAND_POLL_SECONDS:
                 continue  # a progress report carried this second's beat
             called = t0
-            await stub.Heartbeat(request, metadata=md, timeout=30)
+            try:
+                await stub.Heartbeat(request, metadata=md, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                failed("heartbeat", e)
+                continue
             if silent:
                 stats.silent_last_beat = t0
             timed("heartbeat", t0)
 
     async def get_shard():
         t0 = clock()
-        reply = await stub.GetShard(
-            data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0), metadata=md, timeout=30
-        )
+        asks[0] += 1  # one id per ask, the same for its retries (as MasterClient.get_shard)
+        request = data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0, request_id=asks[0])
+        delay = 0.05
+        while True:
+            try:
+                reply = await stub.GetShard(request, metadata=md, timeout=30)
+                break
+            except grpc.aio.AioRpcError as e:
+                failed("get_shard", e)
+                if e.code() not in RETRYABLE_CODES or clock() - t0 > RETRY_SECONDS:
+                    raise
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
         timed("get_shard", t0)
         if reply.status != data_pb2.GetShardReply.SHARD:
             raise RuntimeError(f"GetShard answered status {reply.status}, not SHARD")
         return reply.shard
+
+    async def write_or_reopen(call, request):
+        """Write on the progress stream; one the master ended is reopened (as ProgressStream)."""
+        for _ in range(RETRY_SECONDS * 5):
+            try:
+                await call.write(request)
+                return call
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+                failed("stream", e)
+                call.cancel()
+                await asyncio.sleep(0.2)  # master.client.progress.REOPEN_DELAY_SECONDS
+                call = stub.StreamProgress(metadata=md)
+        raise RuntimeError("the progress stream could not be reopened")
 
     async def steps() -> None:
         nonlocal upcoming, carried_at
@@ -176,7 +220,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 if plan.unary:
                     await stub.ReportProgress(request, metadata=md, timeout=30)
                 else:
-                    await call.write(request)
+                    call = await write_or_reopen(call, request)
                 timed("stream_write", started)
                 if request.HasField("heartbeat_stats"):
                     carried_at = clock()
@@ -210,7 +254,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
             if call is None:
                 await stub.ReportProgress(last, metadata=md, timeout=30)
             else:
-                await call.write(last)
+                call = await write_or_reopen(call, last)
         if call is not None:
             await call.done_writing()
             await call
@@ -282,6 +326,7 @@ def sim_main(conn, plan: SimPlan) -> None:
                 "drain": stats.drain,
                 "silent_last_beat": stats.silent_last_beat,
                 "errors": stats.errors,
+                "call_errors": stats.call_errors,
             },
         )
     )

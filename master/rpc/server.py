@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 MAX_WAIT_MS = 60_000
 # Status details travel in trailing metadata, which gRPC caps at 8 KiB by default.
 MAX_DETAIL_CHARS = 1_000
+# Calls the server may hold before a thread picks them up, per server thread (the thread count
+# grows with the job: master.cli.submit.rpc_threads); never fewer than gRPC's own default.
+PENDING_CALLS_PER_THREAD = 2
+MIN_PENDING_CALLS = 1_000
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 _EXIT_REASONS = {
     nodes_pb2.SUCCEEDED: ExitReason.SUCCEEDED,
@@ -412,6 +416,7 @@ def start_server(
     connection may make `requests_per_second` calls (bursts of twice that).
     """
     buckets = TokenBuckets(requests_per_second, 2 * requests_per_second)
+    pending_calls = max(MIN_PENDING_CALLS, PENDING_CALLS_PER_THREAD * max_workers)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=[*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)],
@@ -423,6 +428,11 @@ def start_server(
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
             ("grpc.http2.max_ping_strikes", 0),
+            # Calls that arrived but no server thread has picked up yet: gRPC's defaults
+            # (1,000 soft, 3,000 hard) cancel some of a job's start burst (every node's
+            # stream, shard ask and beat at once) beyond 1,000 nodes.
+            ("grpc.server.max_pending_requests", pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", 3 * pending_calls),
         ],
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
