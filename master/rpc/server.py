@@ -398,6 +398,17 @@ def job_status_pb(job: JobMaster) -> nodes_pb2.JobStatus:
     return status
 
 
+def pending_call_options(max_workers: int) -> list[tuple[str, int]]:
+    """Server options: how many calls that no thread has picked up yet gRPC may hold. Its
+    defaults (1,000, then cancelling at random up to 3,000) cancel part of a start burst of a
+    job beyond 1,000 nodes (every node's stream, shard ask and beat at once)."""
+    pending = max(MIN_PENDING_CALLS, PENDING_CALLS_PER_THREAD * max_workers)
+    return [
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", 3 * pending),
+    ]
+
+
 def start_server(
     job: JobMaster,
     host: str,
@@ -416,7 +427,6 @@ def start_server(
     connection may make `requests_per_second` calls (bursts of twice that).
     """
     buckets = TokenBuckets(requests_per_second, 2 * requests_per_second)
-    pending_calls = max(MIN_PENDING_CALLS, PENDING_CALLS_PER_THREAD * max_workers)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=[*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)],
@@ -428,11 +438,7 @@ def start_server(
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
             ("grpc.http2.max_ping_strikes", 0),
-            # Calls that arrived but no server thread has picked up yet: gRPC's defaults
-            # (1,000 soft, 3,000 hard) cancel some of a job's start burst (every node's
-            # stream, shard ask and beat at once) beyond 1,000 nodes.
-            ("grpc.server.max_pending_requests", pending_calls),
-            ("grpc.server.max_pending_requests_hard_limit", 3 * pending_calls),
+            *pending_call_options(max_workers),
         ],
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)

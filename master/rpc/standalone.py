@@ -18,7 +18,7 @@ from master.kv.store import KVStore
 from master.rendezvous.service import RendezvousService
 from master.rpc.kv_servicer import add_kv_service
 from master.rpc.rendezvous_servicer import add_rendezvous_service
-from master.rpc.server import TokenInterceptor
+from master.rpc.server import TokenInterceptor, pending_call_options
 from master.state.sqlite import MEMORY_PATH, SQLiteStateStore
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ def start_standalone_master(
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *pending_call_options(max_workers),
         ],
     )
     add_rendezvous_service(server, RendezvousService(state))
