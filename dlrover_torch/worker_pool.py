@@ -210,7 +210,7 @@ class SparePool:
         the memory of torch and the script's imports) would otherwise take tens of seconds,
         and the agent would wait for it with its node's work done."""
         for p in self._idle:
-            if p.pid in self._low:
+            if p.pid in self._low and p.poll() is None:
                 priority.restore(p.pid, self._lowering, self._nice)
             try:
                 if p.stdin:
