@@ -43,6 +43,7 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
     p = start_submit(job, tmp_path, "--status-interval", "5")
     lines: list[str] = []
     status_text = ""
+    rpc_decision, rpc_version = None, 0  # read when the back-off shows in the live output
     try:
         first = p.stdout.readline()
         lines.append(first)
@@ -71,6 +72,7 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
         if p.poll() is None:
             p.kill()
     out = "".join(lines)
+    assert rpc_decision is not None, f"no back-off to 3 workers in the live output:\n{out}"
     assert "back to 3 workers" in rpc_decision, rpc_decision
     assert rpc_version >= 5  # 1 -> 2 -> 3 -> 4 -> 3 workers, a cluster version each
     assert p.returncode == 0, out

@@ -16,8 +16,17 @@ from dlrover_tf.checkpoint_watch import (  # noqa: E402
     is_chief_task,
 )
 from dlrover_tf.dataset import ShardedDataset  # noqa: E402
+from tests.integration.dlrover_run_helpers import wait_for  # noqa: E402
 
 SIZE, BATCH = 640, 8
+
+
+def records_done_reaches(job, expected: int) -> None:
+    """A session's last progress report is on its stream when it ends, applied a moment later:
+    wait for it (and fail on any other count)."""
+    wait_for(
+        lambda: job.sharding.stats()[0].records_done == expected, 10, f"{expected} records done"
+    )
 
 
 def train(ds, model_dir, steps, estimators_saver=True):
@@ -68,7 +77,7 @@ def test_checkpoints_are_reported_and_a_restore_takes_the_data_back(
     assert job.sharding.snapshot_steps("ckpt") == [0, 5, 10, 12]
     assert job.checkpoints.latest().global_step == 12
     assert job.checkpoints.latest().path.endswith("model.ckpt-12")
-    assert job.sharding.stats()[0].records_done == 12 * BATCH
+    records_done_reaches(job, 12 * BATCH)
     # The chief's next session restores step 10 (say 12 was lost): the data goes back to it.
     tf.compat.v1.train.update_checkpoint_state(model_dir, os.path.join(model_dir, "model.ckpt-10"))
     train(ds, model_dir, 1, estimators_saver)
@@ -77,7 +86,7 @@ def test_checkpoints_are_reported_and_a_restore_takes_the_data_back(
     # The chief reports the step that triggers a save after the saver ran: a position saved
     # just before the checkpoint lacks that step, which is trained again (none is skipped).
     behind = 1 if estimators_saver else 0
-    assert job.sharding.stats()[0].records_done == (11 - behind) * BATCH
+    records_done_reaches(job, (11 - behind) * BATCH)
     assert job._chief_reports_restores  # a PS loss now waits for the chief's report
     # The checkpoint saved as that session ended (step 11, older than 12) is reported too.
     assert job.sharding.snapshot_steps("ckpt") == [0, 5, 10, 11, 12]
