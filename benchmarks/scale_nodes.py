@@ -95,6 +95,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
 
     from master.client import TOKEN_METADATA_KEY
     from master.client.master import RETRYABLE_CODES
+    from master.client.progress import REOPEN_DELAY_SECONDS
 
     common_pb2, data_pb2, nodes_pb2 = pb
     node_type, rank, node_id = node
@@ -169,14 +170,14 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
 
     async def write_or_reopen(call, request):
         """Write on the progress stream; one the master ended is reopened (as ProgressStream)."""
-        for _ in range(RETRY_SECONDS * 5):
+        for _ in range(int(RETRY_SECONDS / REOPEN_DELAY_SECONDS)):
             try:
                 await call.write(request)
                 return call
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
                 failed("stream", e)
                 call.cancel()
-                await asyncio.sleep(0.2)  # master.client.progress.REOPEN_DELAY_SECONDS
+                await asyncio.sleep(REOPEN_DELAY_SECONDS)
                 call = stub.StreamProgress(metadata=md)
         raise RuntimeError("the progress stream could not be reopened")
 

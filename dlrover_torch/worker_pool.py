@@ -206,9 +206,8 @@ class SparePool:
     def close(self) -> None:
         """Retire every idle spare: EOF on stdin, then SIGKILL whatever is left.
 
-        A low-priority spare gets its priority back first: on a busy machine its exit (freeing
-        the memory of torch and the script's imports) would otherwise take tens of seconds,
-        and the agent would wait for it with its node's work done."""
+        A low-priority spare gets its priority back first: on a busy machine its exit at nice 19
+        took longer than a heartbeat timeout while the agent, its node's work done, waited."""
         for p in self._idle:
             if p.pid in self._low and p.poll() is None:
                 priority.restore(p.pid, self._lowering, self._nice)
