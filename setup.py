@@ -32,6 +32,7 @@ setup(
         "pyyaml",
         "prometheus-client",
         "cryptography",
+        "numpy",  # the master computes shuffled shard indices with it
     ],
     extras_require={
         "tf": TF,

@@ -7,11 +7,11 @@ import errno
 import hmac
 import logging
 import socket
-import struct
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
 import grpc
+import numpy as np
 
 from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.client.tls import ServerTLS
@@ -344,10 +344,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return ledger_pb(self.job.sharding.restore_snapshot(request.dataset, request.global_step))
 
 
-def encode_indices(indices: Sequence[int]) -> bytes:
+def encode_indices(indices: np.ndarray | Sequence[int]) -> bytes:
     """Record indices as little-endian int64 bytes (the wire form of Shard.record_indices)."""
-    # struct packs a list about twice as fast as array("q", ...) builds one.
-    return struct.pack(f"<{len(indices)}q", *indices)
+    return np.asarray(indices, dtype="<i8").tobytes()
 
 
 def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from master.sharding.permutation import permute_range
+import numpy as np
+
+from master.sharding.permutation import permute_array
 
 __all__ = [
     "BadReportError",
@@ -198,15 +200,16 @@ class DatasetLedger:
         self._add_lease(_Lease(holder, shard, request_id=request_id))
         return shard
 
-    def record_indices(self, shard: Shard) -> list[int]:
-        """The record indices at the shard's positions (shuffled per (seed, epoch) if enabled)."""
+    def record_indices(self, shard: Shard) -> np.ndarray:
+        """The record indices at the shard's positions (shuffled per (seed, epoch) if enabled),
+        as an int64 array."""
         if not 0 <= shard.epoch < self.spec.epochs or not (
             0 <= shard.start <= shard.end <= self.spec.size
         ):
             raise LedgerError(f"shard {shard} does not fit dataset {self.spec.name!r}")
         if not self.spec.shuffle:
-            return list(range(shard.start, shard.end))
-        return permute_range(shard.start, shard.end, self.spec.size, self.spec.seed, shard.epoch)
+            return np.arange(shard.start, shard.end, dtype=np.int64)
+        return permute_array(shard.start, shard.end, self.spec.size, self.spec.seed, shard.epoch)
 
     def report(self, holder: int, shard_id: int, consumed: int) -> bool:
         """Record the cumulative records consumed in a held shard; True once it is done."""

@@ -1,4 +1,4 @@
-"""Shuffled epoch order computed per index with O(1) memory.
+"""Shuffled epoch order computed per position, with no table of the whole order.
 
 A keyed Feistel network permutes a power-of-two domain; cycle-walking restricts it to [0, size).
 """
@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 
-__all__ = ["permute", "permute_range"]
+import numpy as np
+
+__all__ = ["permute", "permute_array", "permute_range"]
 
 # The domain is the smallest power of two >= max(size, 2**_MIN_BITS), split into a high and a low
 # half that differ by one bit when the bit count is odd. Even rounds XOR the high half with a keyed
@@ -22,11 +25,8 @@ _C2 = 0xC2B2AE35
 # A 4-round Feistel on a tiny domain is visibly non-uniform across seeds; a 256-value floor fixes
 # that, and walking a whole tiny dataset through it costs at most 256 passes.
 _MIN_BITS = 8
-# Round functions with at most this many inputs are tabulated (same values as `_round`); building
-# costs about as much as permuting that many indices and makes each index ~5x cheaper.
-_TABLE_MAX_ENTRIES = 1 << 14
-_TABLE_CACHE_SIZE = 4
-_table_cache: dict[tuple[int, int, int], tuple[list[int], ...]] = {}
+# Positions still walking below this many go through the network one by one, in Python.
+_SCALAR_TAIL = 16
 
 
 @functools.lru_cache(maxsize=64)
@@ -49,23 +49,6 @@ def _round(value: int, key: int, out_bits: int) -> int:
     return ((z * _C2) & _M32) >> (32 - out_bits)
 
 
-def _tables(size: int, seed: int, epoch: int) -> tuple[list[int], ...]:
-    """The round functions tabulated over their whole input range, kept in a small LRU cache."""
-    cache_key = (size, seed, epoch)
-    tables = _table_cache.pop(cache_key, None)
-    if tables is None:
-        lo_bits, _, hi_bits, keys = _params(size, seed, epoch)
-        built = []
-        for i, key in enumerate(keys):
-            in_bits, out_bits = (lo_bits, hi_bits) if i % 2 == 0 else (hi_bits, lo_bits)
-            built.append([_round(v, key, out_bits) for v in range(1 << in_bits)])
-        tables = tuple(built)
-        while len(_table_cache) >= _TABLE_CACHE_SIZE:
-            del _table_cache[next(iter(_table_cache))]
-    _table_cache[cache_key] = tables  # (re)inserted as the most recently used
-    return tables
-
-
 def _check(position: int, size: int) -> None:
     if size < 1:
         raise ValueError(f"permutation size must be >= 1, got {size}")
@@ -78,10 +61,11 @@ def permute(position: int, size: int, seed: int, epoch: int) -> int:
     _check(position, size)
     if size == 1:
         return 0
-    if (size, seed, epoch) in _table_cache:
-        return permute_range(position, position + 1, size, seed, epoch)[0]
-    lo_bits, lo_mask, hi_bits, keys = _params(size, seed, epoch)
-    x = position
+    return _walk(position, size, *_params(size, seed, epoch))
+
+
+def _walk(x: int, size: int, lo_bits: int, lo_mask: int, hi_bits: int, keys: tuple) -> int:
+    """The network applied to one position until the value is inside [0, size)."""
     while True:
         hi = x >> lo_bits
         lo = x & lo_mask
@@ -96,76 +80,67 @@ def permute(position: int, size: int, seed: int, epoch: int) -> int:
 
 
 def permute_range(start: int, end: int, size: int, seed: int, epoch: int) -> list[int]:
-    """`[permute(p, size, seed, epoch) for p in range(start, end)]`, computed fast."""
+    """`[permute(p, size, seed, epoch) for p in range(start, end)]` as a list."""
+    return permute_array(start, end, size, seed, epoch).tolist()
+
+
+def permute_array(start: int, end: int, size: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled record indices at positions [start, end), as an int64 array, computed for
+    all positions at once (a shard of 1,024 records in tens of microseconds, not milliseconds)."""
     if end < start:
         raise ValueError(f"range end {end} is before its start {start}")
     if start == end:
-        return []
+        return np.empty(0, dtype=np.int64)
     _check(start, size)
     _check(end - 1, size)
     if size == 1:
-        return [0]
+        return np.zeros(1, dtype=np.int64)
+    network = _network(size, seed, epoch)
+    out = np.empty(end - start, dtype=np.int64)
+    slots = np.arange(end - start)  # output slots whose value is not < size yet
+    x = np.arange(start, end, dtype=np.uint64)
+    while len(x) > _SCALAR_TAIL:
+        x = network(x)
+        inside = x < size
+        if inside.all():
+            out[slots] = x
+            return out
+        out[slots[inside]] = x[inside]
+        outside = ~inside
+        slots, x = slots[outside], x[outside]
+    # The few values still to walk, one by one: a numpy pass costs ~20 us however short.
+    params = _params(size, seed, epoch)
+    for slot, value in zip(slots.tolist(), x.tolist(), strict=True):
+        out[slot] = _walk(value, size, *params)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _network(size: int, seed: int, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
+    """One pass of the Feistel network over a uint64 array. Each half fits 32 bits, so the
+    rounds run on uint32 arrays, whose products wrap modulo 2**32 as the 32-bit mix needs."""
     lo_bits, lo_mask, hi_bits, keys = _params(size, seed, epoch)
-    # Expected passes through the network: (end - start) * domain / size.
-    passes = ((end - start) << (lo_bits + hi_bits)) // size
-    if 1 << hi_bits <= _TABLE_MAX_ENTRIES and (
-        passes >= 1 << hi_bits or (size, seed, epoch) in _table_cache
-    ):
-        return _permute_range_tables(start, end, size, seed, epoch, lo_bits, lo_mask)
-    return _permute_range_mix(start, end, size, lo_bits, lo_mask, hi_bits, keys)
+    u32 = np.uint32
+    k0, k1, k2, k3 = (u32(k) for k in keys)
+    c1, c2, s16 = u32(_C1), u32(_C2), u32(16)
+    to_hi, to_lo = u32(32 - hi_bits), u32(32 - lo_bits)  # keep the top out_bits of the mix
+    shift, mask = np.uint64(lo_bits), np.uint64(lo_mask)
 
+    def mix(value: np.ndarray, key: np.uint32, keep: np.uint32) -> np.ndarray:
+        z = value ^ key
+        z *= c1
+        z ^= z >> s16
+        z *= c2
+        z >>= keep
+        return z
 
-def _permute_range_tables(
-    start: int, end: int, size: int, seed: int, epoch: int, lo_bits: int, lo_mask: int
-) -> list[int]:
-    t0, t1, t2, t3 = _tables(size, seed, epoch)
-    out = []
-    append = out.append
-    for x in range(start, end):
-        while True:
-            lo = x & lo_mask
-            hi = (x >> lo_bits) ^ t0[lo]
-            lo ^= t1[hi]
-            hi ^= t2[lo]
-            x = (hi << lo_bits) | (lo ^ t3[hi])
-            if x < size:
-                break
-        append(x)
-    return out
+    def network(x: np.ndarray) -> np.ndarray:
+        lo = (x & mask).astype(u32)
+        hi = (x >> shift).astype(u32)
+        hi ^= mix(lo, k0, to_hi)
+        lo ^= mix(hi, k1, to_lo)
+        hi ^= mix(lo, k2, to_hi)
+        lo ^= mix(hi, k3, to_lo)
+        return (hi.astype(np.uint64) << shift) | lo
 
-
-def _permute_range_mix(
-    start: int,
-    end: int,
-    size: int,
-    lo_bits: int,
-    lo_mask: int,
-    hi_bits: int,
-    keys: tuple[int, ...],
-) -> list[int]:
-    # `_round` inlined for the four rounds (the unrolled loops assume _ROUNDS == 4).
-    k0, k1, k2, k3 = keys
-    s_hi = 32 - hi_bits
-    s_lo = 32 - lo_bits
-    m32, c1, c2 = _M32, _C1, _C2
-    out = []
-    append = out.append
-    for x in range(start, end):
-        while True:
-            lo = x & lo_mask
-            z = ((lo ^ k0) * c1) & m32
-            z ^= z >> 16
-            hi = (x >> lo_bits) ^ (((z * c2) & m32) >> s_hi)
-            z = ((hi ^ k1) * c1) & m32
-            z ^= z >> 16
-            lo ^= ((z * c2) & m32) >> s_lo
-            z = ((lo ^ k2) * c1) & m32
-            z ^= z >> 16
-            hi ^= ((z * c2) & m32) >> s_hi
-            z = ((hi ^ k3) * c1) & m32
-            z ^= z >> 16
-            x = (hi << lo_bits) | (lo ^ (((z * c2) & m32) >> s_lo))
-            if x < size:
-                break
-        append(x)
-    return out
+    return network

@@ -9,6 +9,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from master.sharding.ledger import DatasetLedger, DatasetSpec, LedgerError, Shard
 from master.state.api import StateStore
 
@@ -48,7 +50,7 @@ class ShardGrant:
 
     status: ShardStatus
     shard: Shard | None = None
-    indices: list[int] | None = None
+    indices: np.ndarray | None = None  # int64 record indices of the shard
 
 
 @dataclass(frozen=True)

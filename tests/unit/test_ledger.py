@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,7 +132,9 @@ def test_next_epoch_is_created_lazily_while_previous_shards_are_held() -> None:
 def test_unshuffled_record_indices_are_positions() -> None:
     ledger = DatasetLedger(spec())
     shard = ledger.next_shard(1)
-    assert ledger.record_indices(shard) == [0, 1, 2, 3]
+    indices = ledger.record_indices(shard)
+    assert indices.dtype == np.int64
+    assert indices.tolist() == [0, 1, 2, 3]
 
 
 def test_shuffle_covers_every_index_once_per_epoch() -> None:
@@ -139,7 +142,7 @@ def test_shuffle_covers_every_index_once_per_epoch() -> None:
     ledger = DatasetLedger(spec(size=size, records_per_shard=64, epochs=3, shuffle=True, seed=5))
     per_epoch: dict[int, list[int]] = {}
     for shard in drain(ledger):
-        per_epoch.setdefault(shard.epoch, []).extend(ledger.record_indices(shard))
+        per_epoch.setdefault(shard.epoch, []).extend(ledger.record_indices(shard).tolist())
     assert sorted(per_epoch) == [0, 1, 2]
     for order in per_epoch.values():
         assert sorted(order) == list(range(size))
@@ -150,11 +153,11 @@ def test_shuffle_covers_every_index_once_per_epoch() -> None:
 def test_shuffle_remainder_shard_keeps_the_original_indices() -> None:
     ledger = DatasetLedger(spec(size=100, records_per_shard=10, shuffle=True, seed=1))
     shard = ledger.next_shard(1)
-    indices = ledger.record_indices(shard)
+    indices = ledger.record_indices(shard).tolist()
     ledger.report(1, shard.shard_id, 3)
     ledger.release(1)
     again = ledger.next_shard(2)
-    assert ledger.record_indices(again) == indices[3:]
+    assert ledger.record_indices(again).tolist() == indices[3:]
 
 
 def test_record_indices_rejects_foreign_shard() -> None:
@@ -461,7 +464,7 @@ class Simulation:
             assert self.ledger.exhausted
             return False
         assert 0 < shard.size <= self.spec.shard_records()
-        worker.shards.append(Held(shard, self.ledger.record_indices(shard)))
+        worker.shards.append(Held(shard, self.ledger.record_indices(shard).tolist()))
         return True
 
     def _train_batch(self, w: int) -> tuple[Held, list[int]] | None:
