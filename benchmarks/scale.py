@@ -59,6 +59,7 @@ DEFAULT_NODES = (100, 300, 1000)
 PS_PER_WORKERS = 50  # one PS node per 50 workers (at least one)
 SIM_PROCESSES = 4
 DATASET_SIZE = 10**9  # never runs out
+SHUFFLE_SEED = 7
 HEARTBEAT_TIMEOUT_S = 15.0  # the job spec's default
 COALESCE_SECONDS = 1.0  # as master.client.progress.COALESCE_SECONDS
 RENDEZVOUS_NODES = 256
@@ -80,7 +81,7 @@ def _ask(child: _Child, request: str, what: str) -> tuple:
     return child.recv(60, what)
 
 
-def _create_dataset(addr: str, token: str, node: tuple[str, int, int]) -> None:
+def _create_dataset(addr: str, token: str, node: tuple[str, int, int], shuffle: bool) -> None:
     from master.client import MasterClient, NodeIdentity
     from master.pb import data_pb2
 
@@ -93,6 +94,8 @@ def _create_dataset(addr: str, token: str, node: tuple[str, int, int]) -> None:
                 batch_size=BATCH_SIZE,
                 records_per_shard=RECORDS_PER_SHARD,
                 epochs=1,
+                shuffle=shuffle,
+                seed=SHUFFLE_SEED,
             )
         )
     finally:
@@ -112,7 +115,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             addr = f"127.0.0.1:{port}"
             log.info("N=%d: master pid %d at %s, %d nodes", n, master.proc.pid, addr, len(nodes))
             workers = [x for x in nodes if x[0] == "worker"]
-            _create_dataset(addr, token, workers[0])
+            _create_dataset(addr, token, workers[0], not args.no_shuffle)
             silent = workers[-1][2]
             shares = [nodes[i :: args.sim_processes] for i in range(args.sim_processes)]
             sims = []
@@ -207,6 +210,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
         "progress": args.progress,
+        "shuffle": not args.no_shuffle,
         "heartbeats": args.heartbeats if args.progress != "per-step" else "calls",
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
@@ -309,6 +313,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
         f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
         f"{args.sim_processes} simulator processes, {args.progress} progress reports, "
+        f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards, "
         f"heartbeats {args.heartbeats if args.progress != 'per-step' else 'calls'}, "
         f"{os.cpu_count()} cores\n\n"
     )
@@ -380,6 +385,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="carried: a worker's coalesced report carries its 1 Hz heartbeat and it calls "
         "Heartbeat every few seconds for commands (what ShardedDataset does); calls: a Heartbeat "
         "call every second",
+    )
+    p.add_argument(
+        "--no-shuffle",
+        action="store_true",
+        help="hand out records in order; by default the dataset is shuffled, as the examples' "
+        "and most users' are (the master then computes each shard's shuffled indices)",
     )
     p.add_argument("--rendezvous-nodes", type=int, default=RENDEZVOUS_NODES)
     p.add_argument("--c10d-timeout", type=float, default=C10D_TIMEOUT_S)
