@@ -40,7 +40,7 @@ _TRAINED = re.compile(
 )
 
 
-def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
+def run_once(mode: str, records: int, epochs: int, workdir: str, graph_rewrites: bool) -> dict:
     """One job in `mode`; returns per-task steps and seconds, and the cluster rate."""
     with open(os.path.join(EXAMPLE, "job.yaml")) as f:
         job = yaml.safe_load(f)
@@ -51,6 +51,8 @@ def run_once(mode: str, records: int, epochs: int, workdir: str) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"run-{mode}-", dir=workdir)
     ids_prefix = os.path.join(run_dir, "trained")
     command += ["--log-trained-ids", ids_prefix]
+    if graph_rewrites:
+        command.append("--graph-rewrites")
     job["command"] = command
     # No spare worker slots: the plain input splits the records over the trainers TF_CONFIG
     # lists, so slots without a process (the example reserves some for scaling up) would leave
@@ -103,6 +105,12 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating")
     p.add_argument("--records", type=int, default=160_000)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument(
+        "--graph-rewrites",
+        action="store_true",
+        help="keep Grappler on in the dlrover runs too (the example turns it off there, for "
+        "faster session rebuilds after a PS failure; plain TF keeps it on)",
+    )
     p.add_argument("--json-only", action="store_true")
     args = p.parse_args()
     runs: dict[str, list[dict]] = {"plain": [], "dlrover": []}
@@ -110,7 +118,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-tf-") as workdir:
         for i in range(args.repeats):
             for mode in ("plain", "dlrover") if i % 2 == 0 else ("dlrover", "plain"):
-                r = run_once(mode, args.records, args.epochs, workdir)
+                r = run_once(mode, args.records, args.epochs, workdir, args.graph_rewrites)
                 load.append(os.getloadavg()[0])
                 runs[mode].append(r)
                 if not args.json_only:
@@ -150,6 +158,7 @@ def main() -> int:
         "median_plain": round(plain, 1),
         "median_dlrover": round(dlrover, 1),
         "ratio": round(ratio, 4),
+        "dlrover_grappler": "on" if args.graph_rewrites else "off",
         "target_met": ratio >= TARGET_RATIO,
         "loadavg": [round(x, 2) for x in load],
     }

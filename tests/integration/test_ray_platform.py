@@ -247,6 +247,26 @@ def test_signal_node_sigkill_gives_exit_minus_9(platform, tmp_path):
     assert nodes.wait_gone() == []
 
 
+def test_a_signal_whose_node_ended_meanwhile_still_counts_as_delivered(platform, tmp_path):
+    """A SIGKILL ends the node; the watcher, seeing the end before the signal's reply, releases
+    the actor, and the reply is lost with it (seen under load). The node was running and its
+    end comes from the watcher, so the signal counts: a False would make the master report a
+    second end of its own, without the node's last positions."""
+    import ray
+
+    nodes = Launcher(platform, tmp_path)
+    spec = nodes.launch(SLEEPER)
+    nodes.wait_ready(spec)
+    run = platform._running[spec.id]
+    ray.kill(run.actor, no_restart=True)  # as the watcher releases an ended node's actor
+    ready, _ = ray.wait([run.ref], timeout=60)  # the actor is gone once its wait() fails
+    assert ready
+    assert platform._signal(run, signal.SIGKILL)
+    event = next_event(platform)
+    assert event.id == spec.id
+    assert nodes.wait_gone() == []
+
+
 def test_stop_node_sigterm_then_sigkill_after_grace(platform, tmp_path):
     nodes = Launcher(platform, tmp_path)
     polite = nodes.launch(SLEEPER, rank=0)

@@ -211,8 +211,15 @@ class RayPlatform(Platform):
             # An actor that cannot even be reached is killed whole; its death becomes the event.
             self._kill_actor(run)
             return True
-        except self._RayError:
-            return False  # the actor is dead; the watcher reports it
+        except self._RayActorError:
+            # The actor died while the signal was on its way, most often because the signal
+            # ended the node and the watcher, seeing the end first, released the actor. Either
+            # way the node is over and the watcher reports its end (with its positions): a
+            # caller told False would report a second end of its own.
+            return True
+        except self._RayError as e:
+            log.warning("%s: signal %d failed: %s", _name(run.spec), sig, e)
+            return False
 
     def stop_node(self, node_id: int, grace_seconds: float) -> None:
         with self._lock:
