@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from master.sharding import permutation
 from master.sharding.permutation import permute, permute_array, permute_range
 
 
@@ -82,6 +83,26 @@ def test_permute_array_gives_int64_indices() -> None:
     assert indices.dtype == np.int64
     assert indices.tolist() == [permute(p, 10**9, 3, 1) for p in range(10, 1034)]
     assert permute_array(4, 4, 10, 0, 0).tolist() == []
+
+
+@pytest.mark.parametrize("size", [2 * permutation._BLOCK, 5 * permutation._BLOCK + 123, 10**9])
+def test_short_ranges_cut_from_cached_blocks_match_the_computed_order(size: int) -> None:
+    block = permutation._BLOCK
+    last_start = (size - 1) // block * block
+    ranges = [
+        (0, 1024),
+        (block - 10, block + 10),  # across two blocks
+        (3 * block // 2, 3 * block // 2 + block // 4),  # the longest range served from blocks
+        (last_start - 5, min(size, last_start + 700)),  # into the last (maybe partial) block
+        (size - 100, size),
+    ]
+    permutation._blocks.clear()
+    for start, end in ranges:
+        served = permute_array(start, end, size, 5, 2)
+        assert served.tolist() == permutation._compute(start, end, size, 5, 2).tolist()
+        assert served[0] == permute(start, size, 5, 2)
+        assert served[-1] == permute(end - 1, size, 5, 2)
+    assert 0 < len(permutation._blocks) <= permutation._BLOCKS_CACHED
 
 
 def test_deterministic_golden_values() -> None:
