@@ -45,6 +45,10 @@ CLUSTER_TYPES = ("ps", "chief", "worker")
 MAX_PS = 64
 
 
+class MigrationFailedError(RuntimeError):
+    """A PS migration or PS count change ended without being applied; the message says why."""
+
+
 @dataclass(frozen=True)
 class MigrateResult:
     """The new incarnation and the checkpoint the model is restored from."""
@@ -330,7 +334,7 @@ class PSMigrator:
                 m = self._requests.get_nowait()
             except queue.Empty:
                 return
-            m.done.set_exception(RuntimeError(reason))
+            m.done.set_exception(MigrationFailedError(reason))
 
     def finished(self, m: _Migration, new: Node) -> None:
         """The new incarnation runs: the migration is complete."""
@@ -476,6 +480,6 @@ class PSMigrator:
     def _fail(self, m: _Migration, reason: str) -> None:
         self._release(m)
         self._emit("migration_failed", f"migration of {m.node_type}-{m.rank}: {reason}")
-        m.done.set_exception(TimeoutError(reason))
+        m.done.set_exception(MigrationFailedError(reason))
         self._active = None
         self._persist(None)

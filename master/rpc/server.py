@@ -17,6 +17,7 @@ from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.client.tls import ServerTLS
 from master.job.checkpoints import Checkpoint
 from master.job.master import JobMaster
+from master.job.migration import MigrationFailedError
 from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
@@ -106,6 +107,8 @@ def _guard(method: Callable) -> Callable:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, _detail(e))
         except (BadReportError, ValueError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(e))
+        except MigrationFailedError as e:
+            context.abort(grpc.StatusCode.ABORTED, _detail(e))
         except TimeoutError:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time")
 

@@ -283,24 +283,28 @@ def _master_child(submit_pid):
     raise AssertionError("no supervised master")
 
 
-def _trainer_pid(run_dir, node_type, rank):
-    """The pid of a node's training process (not its orphan guard)."""
+def _trainer_pids(run_dir, *nodes):
+    """The pids of the nodes' training processes (not their orphan guards), found in one scan;
+    `nodes` are (type, rank) pairs."""
     import psutil
 
+    found = {}
     for p in psutil.process_iter():
         try:
             env, cmdline = p.environ(), p.cmdline()
         except psutil.Error:
             continue
+        node = (env.get("DLROVER_NODE_TYPE"), env.get("DLROVER_NODE_RANK"))
         if (
             env.get("DLROVER_RUN_DIR") == str(run_dir)
-            and (env.get("DLROVER_NODE_TYPE"), env.get("DLROVER_NODE_RANK"))
-            == (node_type, str(rank))
+            and node in {(t, str(r)) for t, r in nodes}
             and len(cmdline) > 1
             and cmdline[1].endswith("wide_deep.py")
         ):
-            return p.pid
-    raise AssertionError(f"no {node_type}-{rank} process")
+            found[node] = p.pid
+    missing = [f"{t}-{r}" for t, r in nodes if (t, str(r)) not in found]
+    assert not missing, f"no process of {missing}"
+    return [found[(t, str(r))] for t, r in nodes]
 
 
 def _wait_for_event(run_dir, kind, timeout=120.0):
@@ -317,13 +321,16 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
     from concurrent.futures import ThreadPoolExecutor
 
     # Client retries carry the call over the master's restart.
-    proc, run_dir, client, ids = _start_at_step(tmp_path, retry_seconds=60.0)
+    proc, run_dir, client, ids = _start_at_step(tmp_path, step=1, retry_seconds=60.0)
     try:
         with ThreadPoolExecutor(1) as pool:
-            # The chief is frozen, so it cannot checkpoint: the change stays in progress until
-            # the master is killed (it may otherwise be done by then).
-            frozen = _trainer_pid(run_dir, "chief", 0)
-            os.kill(frozen, signal.SIGSTOP)
+            # Every trainer is frozen: the chief cannot checkpoint, so the change stays in
+            # progress until the master is killed (it may otherwise be done by then), and the
+            # workers cannot train the data out meanwhile (unfrozen, they train the whole
+            # dataset in 2-3 s; under load the change once began with 3% of it left).
+            frozen = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
             try:
                 scaled = pool.submit(client.scale, "ps", 2, "e2e")
                 # The change has begun (workers pausing, or the checkpoint asked for): the
@@ -332,7 +339,8 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
                 _wait_for_event(run_dir, "ps_resize")
                 os.kill(_master_child(proc.pid), signal.SIGKILL)
             finally:
-                os.kill(frozen, signal.SIGCONT)
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
             reply = scaled.result(timeout=400)
     finally:
         summary, out = _finished_summary(proc, tmp_path)

@@ -192,3 +192,17 @@ def test_ps_moves_and_count_changes_are_refused_for_a_keras_coordinator_job(harn
             call()
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert harness.job.migrator.active is None  # nothing was started
+
+
+def test_a_ps_change_that_could_not_be_applied_says_why(harness, monkeypatch):
+    """Seen in a loaded e2e run: training ended before the chief checkpointed, the change was
+    dropped, and the caller read "DEADLINE_EXCEEDED: the master did not apply it in time"."""
+    from master.job.migration import MigrationFailedError
+
+    def ended(*args, **kwargs):
+        raise MigrationFailedError("training ended before the chief made the checkpoint")
+
+    monkeypatch.setattr(harness.job, "request_scale", ended)
+    with pytest.raises(MasterError, match="training ended before the chief") as e:
+        harness.client(0).scale("ps", 2)
+    assert e.value.code == grpc.StatusCode.ABORTED

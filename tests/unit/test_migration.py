@@ -8,7 +8,7 @@ import time
 import pytest
 
 from master.client import CHECKPOINT_REQUESTS_KEY, checkpoint_request_key, pause_key
-from master.job.migration import MigrateResult, PSMigrator
+from master.job.migration import MigrateResult, MigrationFailedError, PSMigrator
 from master.kv.store import KVStore
 from master.nodes.model import Node, NodeState
 from master.state.sqlite import SQLiteStateStore
@@ -129,7 +129,7 @@ def test_no_checkpoint_in_time_fails_the_migration_and_touches_nothing(monkeypat
     later = time.monotonic() + 1e6
     monkeypatch.setattr("master.job.migration.time.monotonic", lambda: later)
     job.migrator.advance()
-    with pytest.raises(TimeoutError, match="elastic_model_fn"):
+    with pytest.raises(MigrationFailedError, match="elastic_model_fn"):
         done.result(0)
     assert job.retired == [] and job.events[-1][0] == "migration_failed"
     assert job.kv.get(pause_key(1, "release"), 0) == b"1"  # the paused workers go on
@@ -242,7 +242,7 @@ def test_training_that_ends_first_fails_the_migration_and_releases_everyone():
     job.migrator.advance()
     job.chief.state = NodeState.SUCCEEDED
     job.migrator.advance()
-    with pytest.raises(TimeoutError, match="training ended"):
+    with pytest.raises(MigrationFailedError, match="training ended"):
         done.result(0)
     assert job.kv.get(pause_key(1, "release"), 0) == b"1"
     assert job.retired == []
