@@ -217,14 +217,18 @@ def _start_at_step(tmp_path, step=150, retry_seconds=5.0):
         addr = first.split("master at ")[1].split(",")[0]
         token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
         client = MasterClient(addr, token, retry_seconds=retry_seconds)
-        deadline = time.monotonic() + 300
-        while client.job_status().global_step < step:
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
+        _wait_for_step(client, step)
     except BaseException:
         proc.kill()
         raise
     return proc, run_dir, client, ids
+
+
+def _wait_for_step(client, step, timeout=300.0):
+    deadline = time.monotonic() + timeout
+    while client.job_status().global_step < step:
+        assert time.monotonic() < deadline, f"training did not reach global step {step}"
+        time.sleep(0.05)
 
 
 def _finished_summary(proc, tmp_path):
@@ -327,11 +331,23 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
             # Every trainer is frozen: the chief cannot checkpoint, so the change stays in
             # progress until the master is killed (it may otherwise be done by then), and the
             # workers cannot train the data out meanwhile (unfrozen, they train the whole
-            # dataset in 2-3 s; under load the change once began with 3% of it left).
-            frozen = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
-            for pid in frozen:
-                os.kill(pid, signal.SIGSTOP)
+            # dataset in 2-3 s; under load the change once began with 3% of it left). The
+            # chief, which starts last, is frozen once it has trained a step (so it can
+            # checkpoint when asked); the processes are found first (a scan takes a second).
+            chief, *workers = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
+            frozen = []
             try:
+                _wait_for_step(client, 100)
+                for pid in workers:
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+                deadline = time.monotonic() + 120
+                chief_ids = str(ids / "trained.chief.*.ids")
+                while not any(os.path.getsize(f) for f in glob.glob(chief_ids)):
+                    assert time.monotonic() < deadline, "the chief trained no step"
+                    time.sleep(0.05)
+                os.kill(chief, signal.SIGSTOP)
+                frozen.append(chief)
                 scaled = pool.submit(client.scale, "ps", 2, "e2e")
                 # The change has begun (workers pausing, or the checkpoint asked for): the
                 # master dies; the restarted one carries the change on from its saved record,
