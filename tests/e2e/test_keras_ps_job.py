@@ -102,4 +102,6 @@ def test_keras_ps_kill_restarts_the_coordinator_and_rolls_data_back(tmp_path, lo
     # Trained again: what was rolled back, plus the steps applied but not yet counted done when
     # the PS died (those in flight; with fit, the current epoch's, counted at its end).
     unreported = MAX_IN_FLIGHT if loop == "coordinator" else CHUNK
-    assert redo > 0 and 0 <= extra - redo <= unreported * BATCH, (extra, redo)
+    # On failure, the events say what happened around the kill (the run dir is gone by then).
+    events = [f"{e['kind']}: {e['message']}" for e in summary["events"]]
+    assert redo > 0 and 0 <= extra - redo <= unreported * BATCH, (extra, redo, events)

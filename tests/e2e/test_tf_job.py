@@ -462,9 +462,11 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     # The program uses only the sharded input and the documented ShardProgressHook (no
     # elastic_model_fn, no CheckpointLedgerListener): the hook alone tells the master of each
     # checkpoint the chief saves and of the step the chief's session restored.
-    # 6,000 steps: workers that find the chief not ready at their first check sleep TF's 30 s
-    # before they train; the kill comes once one of them trains.
-    records = 16 * RECORDS
+    # 12,000 steps: workers that find the chief not ready at their first check sleep TF's 30 s
+    # before they train, and the chief alone trains up to ~200 steps/s here (seen in CI: both
+    # workers slept, and the chief trained 6,000 steps in 30.4 s, ending as they woke); the
+    # kill comes once one of them trains.
+    records = 32 * RECORDS
     ids = write_job(tmp_path, records=records, eval_records=1024)
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     job["command"].append("--progress-hook-only")
@@ -478,7 +480,7 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
             # The PS is SIGKILLed while the chief and the workers train, 150 steps after a
             # checkpoint past step 0 (the chief checkpoints every 500 global steps). A worker
             # that slept TF's 30 s may still be asleep: on a loaded machine the chief and the
-            # other worker trained all 6,000 steps in those 30 s (seen in CI).
+            # other worker trained 6,000 steps in those 30 s (seen in CI).
             def ready():
                 workers = any(_files_grew(ids, f"worker.{i}") for i in (0, 1))
                 return workers and _checkpoint_in(run_dir / "model") > 0
