@@ -217,18 +217,15 @@ def _start_at_step(tmp_path, step=150, retry_seconds=5.0):
         addr = first.split("master at ")[1].split(",")[0]
         token = read_token({"DLROVER_JOB_TOKEN_FILE": str(run_dir / ".job_token")})
         client = MasterClient(addr, token, retry_seconds=retry_seconds)
-        _wait_for_step(client, step)
+        _wait_for_step(client, step, proc)
     except BaseException:
         proc.kill()
         raise
     return proc, run_dir, client, ids
 
 
-def _wait_for_step(client, step, timeout=300.0):
-    deadline = time.monotonic() + timeout
-    while client.job_status().global_step < step:
-        assert time.monotonic() < deadline, f"training did not reach global step {step}"
-        time.sleep(0.05)
+def _wait_for_step(client, step, proc):
+    _wait_until(lambda: client.job_status().global_step >= step, proc, f"global step {step}")
 
 
 def _finished_summary(proc, tmp_path):
@@ -337,15 +334,11 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
             chief, *workers = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
             frozen = []
             try:
-                _wait_for_step(client, 100)
+                _wait_for_step(client, 100, proc)
                 for pid in workers:
                     os.kill(pid, signal.SIGSTOP)
                     frozen.append(pid)
-                deadline = time.monotonic() + 120
-                chief_ids = str(ids / "trained.chief.*.ids")
-                while not any(os.path.getsize(f) for f in glob.glob(chief_ids)):
-                    assert time.monotonic() < deadline, "the chief trained no step"
-                    time.sleep(0.05)
+                _wait_until(lambda: _files_grew(ids, "chief"), proc, "a step of the chief", 120)
                 os.kill(chief, signal.SIGSTOP)
                 frozen.append(chief)
                 scaled = pool.submit(client.scale, "ps", 2, "e2e")
