@@ -108,11 +108,40 @@ def start_local_cluster(num_cpus: int | None = None) -> str:
             )
             return ctx.address_info["gcs_address"]
         except Exception as e:  # Ray raises a bare Exception when its raylet never comes up
+            state = _startup_state()  # before shutdown ends the processes it describes
             ray.shutdown()
             if attempt == LOCAL_START_ATTEMPTS:
                 raise PlatformError(
                     f"the local Ray cluster did not start after {attempt} attempts: {e}; "
-                    "see the raylet logs under /tmp/ray/session_latest/logs"
+                    f"see the raylet logs under /tmp/ray/session_latest/logs. {state}"
                 ) from e
-            log.warning("local Ray cluster failed to start (%s); trying again", e)
+            log.warning(
+                "local Ray cluster failed to start (%s); trying again. %s", e, _startup_state()
+            )
     raise AssertionError("unreachable")
+
+
+def _startup_state() -> str:
+    """This process's children (name, state, kernel wait channel) and the machine's stall
+    pressure: what a start that timed out was waiting on (Linux only; best effort)."""
+    children: list[str] = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        name, _, rest = _read(f"/proc/{pid}/stat").rpartition(") ")
+        fields = rest.split()
+        if len(fields) > 1 and fields[1] == str(os.getpid()):
+            wchan = _read(f"/proc/{pid}/wchan") or "-"
+            children.append(f"{name.partition('(')[2]}[{pid}] {fields[0]} {wchan}")
+    pressure = [
+        f"{kind}: {_read(f'/proc/pressure/{kind}').splitlines()[0]}"
+        for kind in ("cpu", "io", "memory")
+        if _read(f"/proc/pressure/{kind}")
+    ]
+    return f"children: {', '.join(children) or 'none'}; pressure: {'; '.join(pressure) or 'n/a'}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
