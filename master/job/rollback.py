@@ -73,14 +73,15 @@ class RollbackMixin:
                 )
         return applied
 
-    def _free_held_shards(self) -> None:
-        """The model is lost until the chief restores it: every trainer's held shards go back
-        to the queue now. Their input pipelines, blocked waiting for a shard while the others
-        hold the rest, then yield, so the failed sessions can close and be rebuilt (TF waits
-        for running input ops when it closes a session). What they trained counts first."""
+    def _free_held_shards(self, keep: int | None = None) -> None:
+        """The model is lost until the chief restores it: every trainer's held shards (but
+        node `keep`'s) go back to the queue now. Their input pipelines, blocked waiting for a
+        shard while the others hold the rest, then yield, so the failed sessions can close
+        and be rebuilt (TF waits for running input ops when it closes a session). What they
+        trained counts first."""
         self.catch_up_positions()
         for node in self.nodes.all_current():
-            if node.type in TRAINING_TYPES:
+            if node.type in TRAINING_TYPES and node.id != keep:
                 self.sharding.release_everywhere(node.id)
 
     def _rollback_data(

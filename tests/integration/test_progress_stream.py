@@ -339,3 +339,62 @@ def test_a_coalescing_stream_sends_the_first_step_after_a_quiet_interval_at_once
     stream.send("d", [(shard.shard_id, 30)], global_step=3)  # coalesced again, sent on close
     assert stream.close().applied >= 1
     assert harness.job.sharding.stats()[0].records_done == 30
+
+
+def test_a_coordinator_restarted_for_a_ps_loss_keeps_the_reports_still_on_its_stream(tmp_path):
+    """TF2 PS training: a PS loss restarts the coordinator (the chief). Its shards go back
+    only once its end has drained its stream, so a report on the wire still counts (before,
+    they went back first and the report was refused as stale: records trained, then lost)."""
+    from master.client import COORDINATOR_KEY, KVClient, MasterClient, NodeIdentity
+    from master.config import parse_job_spec
+    from master.job.master import JobMaster, JobRuntime
+    from master.platform.local import LocalPlatform
+    from master.rpc.server import start_server
+    from master.state.sqlite import SQLiteStateStore
+
+    from .conftest import TOKEN
+
+    spec = parse_job_spec(
+        {"name": "coord", "command": ["true"], "chief": {"replicas": 1}, "ps": {"replicas": 1}},
+        source="test",
+        base_dir=str(tmp_path),
+    )
+    store = SQLiteStateStore(str(tmp_path / "state.sqlite"))
+    platform = LocalPlatform()
+    job = JobMaster(spec, platform, store, JobRuntime(str(tmp_path), "", ""))
+    server, port = start_server(job, "127.0.0.1", 0, TOKEN, 16, 1000)
+    try:
+        chief, ps = (job.nodes.new_incarnation(t, 0, 0, 0) for t in ("chief", "ps"))
+        for node in (chief, ps):
+            job.nodes.mark_running(node.id, platform.address_for(node.type, 0), "")
+        client = MasterClient(f"127.0.0.1:{port}", TOKEN, NodeIdentity("chief", 0, chief.id))
+        make_dataset(client)
+        KVClient(client).set(COORDINATOR_KEY, b"1")
+        client.report_model_restored(0)  # the chief reports restores: it rolls the data back
+        shard = client.get_shard("d").shard
+        stream = ProgressStream(client)
+        stream.send("d", [(shard.shard_id, 10)], global_step=1)
+        deadline = time.monotonic() + 10
+        while job.sharding.stats()[0].records_done < 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        replies = []
+
+        def report_on_the_wire_then_die():
+            time.sleep(0.3)  # the master is handling the PS loss by now
+            stream.send("d", [(shard.shard_id, 40)], global_step=4)
+            replies.append(stream.close())
+
+        t = threading.Thread(target=report_on_the_wire_then_die)
+        t.start()
+        job._on_node_exit(NodeEvent("ps", 0, ps.id, exit_code=-9))
+        t.join()
+        assert job.nodes.get(chief.id).state.ended  # restarted for the PS loss
+        assert (replies[0].applied, replies[0].stale) == (2, 0)  # both reports on it counted
+        stats = job.sharding.stats()[0]
+        assert (stats.records_done, stats.records_todo) == (40, 960)
+    finally:
+        server.stop(grace=0).wait()
+        job.sharding.close()
+        platform.shutdown(1)
+        store.close()
