@@ -85,16 +85,6 @@ def test_tf_ps_job_survives_worker_kill_with_exact_record_accounting(tmp_path):
     run_worker_kill_job(tmp_path)
 
 
-def _wait_for_ids(ids, task, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        files = glob.glob(str(ids / f"trained.{task}.*.ids"))
-        if files and os.path.getsize(files[0]) > 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{task} never trained")
-
-
 def _scale(addr, token_file, target):
     cmd = [sys.executable, "-m", "master.cli", "scale", target]
     cmd += ["--addr", addr, "--token-file", token_file]
@@ -104,28 +94,38 @@ def _scale(addr, token_file, target):
 
 
 def test_tf_workers_scale_2_3_1_while_training(tmp_path):
-    # A TF process starting beside four busy ones takes 10-25 s on 2 cores, so worker 2 is
-    # added as soon as the job runs; it joins while the others already train.
+    # Worker 2 is added once the job trains. A TF process starting beside busy ones takes
+    # 10-25 s on 2 cores, and meanwhile the others trained the data out (seen under load:
+    # worker 2 came up after the job's 9 s of training). So the chief and workers 0 and 1 are
+    # frozen at global step 100 until worker 2 has trained, and go on beside it; their
+    # heartbeats stop meanwhile, so the job's heartbeat timeout is longer than the freeze.
     records = 3 * RECORDS
-    ids = write_job(tmp_path, records=records)
-    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
-    job["worker"]["reserve_slots"] = True  # TF_CONFIG lists the slots workers are added in
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
-    cmd += ["--summary-json", str(tmp_path / "s.json")]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+    def reserve_slots(job):
+        job["worker"]["reserve_slots"] = True  # TF_CONFIG lists the slots workers are added in
+        job["heartbeat_timeout_seconds"] = 300
+
+    proc, run_dir, client, ids = _start_at_step(tmp_path, 1, records=records, edit=reserve_slots)
     try:
-        first = p.stdout.readline()
-        addr = first.split("master at ")[1].split(",")[0]
-        token_file = os.path.join(first.split("run dir ")[1].strip(), ".job_token")
-        assert "worker: 2 -> 3" in _scale(addr, token_file, "worker=3")
-        _wait_for_ids(ids, "worker.2")
+        addr = (tmp_path / "submit.out").read_text().split("master at ")[1].split(",")[0]
+        token_file = str(run_dir / ".job_token")
+        trainers = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
+        _wait_for_step(client, 100, proc)
+        frozen = []
+        try:
+            for pid in trainers:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            assert "worker: 2 -> 3" in _scale(addr, token_file, "worker=3")
+            _wait_until(lambda: _files_grew(ids, "worker.2"), proc, "a step of worker 2", 300)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
         assert "worker: 3 -> 1" in _scale(addr, token_file, "worker=1")
-        out = first + p.communicate(timeout=600)[0]
+        proc.wait(timeout=600)
     finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 0, out[-4000:]
+        proc.kill()
+    assert proc.returncode == 0, (tmp_path / "submit.out").read_text()[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     workers = [n for n in summary["nodes"] if n["type"] == "worker"]
@@ -199,12 +199,17 @@ def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path, state_op
     check_trained_ids(ids, RECORDS, extra_batches=0)
 
 
-def _start_at_step(tmp_path, step=150, retry_seconds=5.0):
-    """The example job submitted in the background (its output in submit.out), returned once
-    its global step reached `step`: (process, run dir, client of its master, ids dir)."""
+def _start_at_step(tmp_path, step=150, retry_seconds=5.0, records=RECORDS, edit=None):
+    """The example job (`edit(job)` changes its YAML) submitted in the background (its output
+    in submit.out), returned once its global step reached `step`: (process, run dir, client
+    of its master, ids dir)."""
     from master.client import MasterClient, read_token
 
-    ids = write_job(tmp_path, eval_records=1024)
+    ids = write_job(tmp_path, records=records, eval_records=1024)
+    if edit is not None:
+        job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+        edit(job)
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--run-dir", str(run_dir), "--summary-json", str(tmp_path / "s.json")]

@@ -16,6 +16,7 @@ import time
 import torch
 
 from dlrover_torch.checkpoint import Checkpointer, ShardedCheckpointer
+from dlrover_torch.script_main import exit_like_python
 from tests.unit.ckpt_helpers import assert_same, training_state
 
 
@@ -152,4 +153,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Ends as dlrover-run ends its workers, without CPython's teardown: a gloo thread can
+    # abort it (SIGABRT after the work is done, seen under load; see dlrover_torch.script_main).
+    error = None
+    try:
+        main()
+    except BaseException as e:  # reported and turned into the exit code as CPython would
+        error = e
+    exit_like_python(error)
