@@ -16,6 +16,14 @@ def make_dataset(client, size=1000, per_shard=100):
     )
 
 
+def wait_for_done(job, records, timeout=10.0, what="the reports"):
+    """Wait, with a deadline, until the master counts `records` of dataset "d" done."""
+    deadline = time.monotonic() + timeout
+    while (done := job.sharding.stats()[0].records_done) < records:
+        assert time.monotonic() < deadline, f"{what} not applied: {done} of {records} records"
+        time.sleep(0.01)
+
+
 def test_stream_applies_reports_in_order_and_skips_stale_ones(harness):
     c = harness.client(0)
     make_dataset(c)
@@ -111,10 +119,7 @@ def test_a_stream_the_master_ended_is_reopened_at_once_and_its_progress_resent(t
         shutil.copy(tmp_path / f"a.sqlite{suffix}", tmp_path / f"b.sqlite{suffix}")
     stream = ProgressStream(client)
     stream.send("d", [(shard.shard_id, 30)], global_step=3)
-    deadline = time.monotonic() + 10
-    while job.sharding.stats()[0].records_done < 30:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_done(job, 30)
     server.stop(grace=0).wait()
     job.sharding.close()
     store.close()
@@ -122,10 +127,7 @@ def test_a_stream_the_master_ended_is_reopened_at_once_and_its_progress_resent(t
     try:
         job2.nodes.restore()
         assert job2.sharding.stats()[0].records_done == 0
-        deadline = time.monotonic() + 15
-        while job2.sharding.stats()[0].records_done < 30:  # no send() since the restart
-            assert time.monotonic() < deadline, "the progress was not re-sent"
-            time.sleep(0.05)
+        wait_for_done(job2, 30, 15, "the progress re-sent")  # no send() since the restart
         assert stream.close(timeout=10).applied >= 1  # the re-sent report, on the new stream
     finally:
         server2.stop(grace=0).wait()
@@ -152,9 +154,7 @@ def test_coalesced_steps_go_out_as_one_report_and_the_rest_via_the_position_file
     assert harness.job.sharding.stats()[0].records_done == 0  # nothing sent yet
     stream.flush()
     node = harness.nodes[0]
-    deadline = time.monotonic() + 5
-    while harness.job.sharding.stats()[0].records_done < 50 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_done(harness.job, 50)
     assert harness.job.sharding.stats()[0].records_done == 50
     assert harness.job.nodes.get(node.id).steps == 5  # one report, five steps
     assert harness.job.global_step == 5
@@ -186,9 +186,7 @@ def test_a_coalescing_stream_flushes_by_itself_and_on_close(harness, tmp_path):
     shard = c.get_shard("d").shard
     stream = ProgressStream(c, position_file=str(tmp_path / "p"), flush_seconds=0.05)
     stream.send("d", [(shard.shard_id, 10)], global_step=1)
-    deadline = time.monotonic() + 5
-    while harness.job.sharding.stats()[0].records_done < 10 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_done(harness.job, 10)
     assert harness.job.sharding.stats()[0].records_done == 10  # no further step was needed
     stream._flush_seconds = 3600  # the next flush only on close
     time.sleep(0.1)
@@ -331,9 +329,7 @@ def test_a_coalescing_stream_sends_the_first_step_after_a_quiet_interval_at_once
     stream.flush()
     stream._flushed_at -= 3600  # an interval went by with no step
     stream.send("d", [(shard.shard_id, 20)], global_step=2)
-    deadline = time.monotonic() + 10
-    while harness.job.sharding.stats()[0].records_done < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_done(harness.job, 20)
     assert harness.job.sharding.stats()[0].records_done == 20  # long before the interval ends
     assert harness.job.global_step == 2
     stream.send("d", [(shard.shard_id, 30)], global_step=3)  # coalesced again, sent on close
@@ -374,10 +370,7 @@ def test_a_coordinator_restarted_for_a_ps_loss_keeps_the_reports_still_on_its_st
         shard = client.get_shard("d").shard
         stream = ProgressStream(client)
         stream.send("d", [(shard.shard_id, 10)], global_step=1)
-        deadline = time.monotonic() + 10
-        while job.sharding.stats()[0].records_done < 10:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_done(job, 10)
         replies = []
 
         def report_on_the_wire_then_die():
