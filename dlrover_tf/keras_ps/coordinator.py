@@ -134,8 +134,15 @@ class Coordinator:
         return self.steps_run
 
     def _resolve(self, value: Any, batch: Batch) -> None:
-        result = value.fetch()
-        loss = _scalar(result)
+        try:
+            loss = _scalar(value.fetch())
+        except Exception as err:
+            if not _result_lost_with_its_worker(value, err):
+                raise
+            # The step ran to its end (a failed step is retried elsewhere, never reported
+            # here); only the copy of its result failed: its batch counts, without a loss.
+            _warn_result_lost(err, "its batch counts as trained")
+            loss = None
         self._count(batch, loss)
 
     def _count(self, batch: Batch, loss: float | None) -> None:
@@ -303,8 +310,14 @@ def _chunk_callback(
             owner.coordinator.join()
             trained: dict[int, float | None] = {}
             for result in self._results:
-                values = result.fetch() if hasattr(result, "fetch") else result
-                values = {k: (v.fetch() if hasattr(v, "fetch") else v) for k, v in values.items()}
+                try:
+                    values = _fetched(result)
+                except Exception as err:
+                    if not _result_lost_with_its_worker(result, err):
+                        raise
+                    # Which batch it trained is lost too: that batch goes out again.
+                    _warn_result_lost(err, "its batch is handed out again")
+                    continue
                 trained[int(np.asarray(values[BATCH_LOG_KEY]))] = _scalar(values.get("loss"))
             for number, batch in enumerate(self._slots):
                 if number in trained:
@@ -316,6 +329,38 @@ def _chunk_callback(
                 owner.checkpoint()
 
     return _ChunkCallback(owner, chunk, counter, steps, checkpoint_every)
+
+
+def _fetched(result: Any) -> dict:
+    """A fit step's logs, each RemoteValue fetched to the coordinator."""
+    values = result.fetch() if hasattr(result, "fetch") else result
+    return {k: (v.fetch() if hasattr(v, "fetch") else v) for k, v in values.items()}
+
+
+def _result_lost_with_its_worker(value: Any, err: BaseException) -> bool:
+    """Whether fetching a step's result failed only because the worker holding it died: the
+    step had finished (ClusterCoordinator set its value), and the copy to the coordinator
+    failed with a worker's RPC error, not a PS's. Logs dicts count when every value finished."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import remote_value
+
+    values = value.values() if isinstance(value, dict) else [value]
+    finished = all(
+        getattr(v, "_status", None) is remote_value.RemoteValueStatus.READY
+        and getattr(v, "_error", err) is None
+        for v in values
+        if hasattr(v, "fetch")
+    )
+    rpc_error = isinstance(err, tf.errors.UnavailableError | tf.errors.AbortedError)
+    return finished and rpc_error and "/job:ps" not in str(err)
+
+
+def _warn_result_lost(err: BaseException, outcome: str) -> None:
+    log.warning(
+        "a worker died after its step ran, before the step's result was fetched; %s (%s)",
+        outcome,
+        str(err).splitlines()[0][:200],
+    )
 
 
 def _ready(value: Any) -> bool:
