@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import logging
+import signal
 import sys
 
 from master.cli.cmd_brain import brain_location
@@ -200,6 +202,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     )
     from master.client.tls import TLSError
 
+    # `kill -USR1 <master pid>`: every thread's stack on the master's stderr (where a hung
+    # master waits), and the master goes on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return run_job(spec, opts)
     except OSError as e:
