@@ -287,7 +287,8 @@ class NodeExitMixin:
                 # The chief's restore report rolls the data back. A coordinator about to be
                 # restarted keeps its shards until its end has drained its stream: a report
                 # still on the wire then counts instead of being refused as stale.
-                self._free_held_shards(keep=self._coordinator_to_restart())
+                coordinator = self._coordinator_to_restart()
+                self._free_held_shards(keep=coordinator.id if coordinator else None)
                 self._restore_after_ps_loss = True
             else:
                 # No restore report will come: the timeline ends at the first step past the
@@ -332,20 +333,19 @@ class NodeExitMixin:
     def _restart_coordinator(self, ps: Node) -> None:
         """TF2 PS training (dlrover_tf.keras_ps): the coordinator (the chief) cannot rebuild
         the variables a lost PS held, so it is restarted and restores the latest checkpoint."""
-        chief_id = self._coordinator_to_restart()
-        chief = None if chief_id is None else self.nodes.get(chief_id)
+        chief = self._coordinator_to_restart()
         if chief is None:
             return
         chief.extra[COORDINATOR_RESTART] = True
         log.info("%s lost: restarting the coordinator %s (id %d)", ps.name, chief.name, chief.id)
         self._kill_node(chief)
 
-    def _coordinator_to_restart(self) -> int | None:
-        """The running chief's id when it is a TF2 PS coordinator (restarted on a PS loss)."""
+    def _coordinator_to_restart(self) -> Node | None:
+        """The running chief when it is a TF2 PS coordinator (restarted on a PS loss)."""
         chief = self.nodes.current("chief", 0)
         if chief is None or chief.state.ended or not self.kv.check([COORDINATOR_KEY]):
             return None
-        return chief.id
+        return chief
 
     def _kill_node(self, node: Node) -> None:
         """SIGKILL a node; if the platform no longer has it, its end is handled here and now."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -111,16 +112,10 @@ def test_tf_workers_scale_2_3_1_while_training(tmp_path):
         token_file = str(run_dir / ".job_token")
         trainers = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
         _wait_for_step(client, 100, proc)
-        frozen = []
-        try:
-            for pid in trainers:
-                os.kill(pid, signal.SIGSTOP)
-                frozen.append(pid)
+        with _freezing() as freeze:
+            freeze(*trainers)
             assert "worker: 2 -> 3" in _scale(addr, token_file, "worker=3")
             _wait_until(lambda: _files_grew(ids, "worker.2"), proc, "a step of worker 2", 300)
-        finally:
-            for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
         assert "worker: 3 -> 1" in _scale(addr, token_file, "worker=1")
         proc.wait(timeout=600)
     finally:
@@ -334,6 +329,23 @@ def _trainer_pids(run_dir, *nodes):
     return [found[(t, str(r))] for t, r in nodes]
 
 
+@contextlib.contextmanager
+def _freezing():
+    """`freeze(*pids)` stops processes (SIGSTOP); all go on (SIGCONT) when the block ends."""
+    frozen = []
+
+    def freeze(*pids):
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+    try:
+        yield freeze
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+
+
 def _wait_for_event(run_dir, kind, timeout=120.0):
     deadline = time.monotonic() + timeout
     path = run_dir / "events.jsonl"
@@ -358,24 +370,17 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
             # chief, which starts last, is frozen once it has trained a step (so it can
             # checkpoint when asked); the processes are found first (a scan takes a second).
             chief, *workers = _trainer_pids(run_dir, ("chief", 0), ("worker", 0), ("worker", 1))
-            frozen = []
-            try:
+            with _freezing() as freeze:
                 _wait_for_step(client, 100, proc)
-                for pid in workers:
-                    os.kill(pid, signal.SIGSTOP)
-                    frozen.append(pid)
+                freeze(*workers)
                 _wait_until(lambda: _files_grew(ids, "chief"), proc, "a step of the chief", 120)
-                os.kill(chief, signal.SIGSTOP)
-                frozen.append(chief)
+                freeze(chief)
                 scaled = pool.submit(client.scale, "ps", 2, "e2e")
                 # The change has begun (workers pausing, or the checkpoint asked for): the
                 # master dies; the restarted one carries the change on from its saved record,
                 # and the retried call joins it.
                 _wait_for_event(run_dir, "ps_resize")
                 os.kill(_master_child(proc.pid), signal.SIGKILL)
-            finally:
-                for pid in frozen:
-                    os.kill(pid, signal.SIGCONT)
             reply = scaled.result(timeout=400)
     finally:
         summary, out = _finished_summary(proc, tmp_path)

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from master.platform.api import PlatformError
+from master.platform.proc_stats import children_states, stall_pressure
 
 log = logging.getLogger(__name__)
 
@@ -115,33 +116,12 @@ def start_local_cluster(num_cpus: int | None = None) -> str:
                     f"the local Ray cluster did not start after {attempt} attempts: {e}; "
                     f"see the raylet logs under /tmp/ray/session_latest/logs. {state}"
                 ) from e
-            log.warning(
-                "local Ray cluster failed to start (%s); trying again. %s", e, _startup_state()
-            )
+            log.warning("local Ray cluster failed to start (%s); trying again. %s", e, state)
     raise AssertionError("unreachable")
 
 
 def _startup_state() -> str:
     """This process's children (name, state, kernel wait channel) and the machine's stall
     pressure: what a start that timed out was waiting on (Linux only; best effort)."""
-    children: list[str] = []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        name, _, rest = _read(f"/proc/{pid}/stat").rpartition(") ")
-        fields = rest.split()
-        if len(fields) > 1 and fields[1] == str(os.getpid()):
-            wchan = _read(f"/proc/{pid}/wchan") or "-"
-            children.append(f"{name.partition('(')[2]}[{pid}] {fields[0]} {wchan}")
-    pressure = [
-        f"{kind}: {_read(f'/proc/pressure/{kind}').splitlines()[0]}"
-        for kind in ("cpu", "io", "memory")
-        if _read(f"/proc/pressure/{kind}")
-    ]
-    return f"children: {', '.join(children) or 'none'}; pressure: {'; '.join(pressure) or 'n/a'}"
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    children = ", ".join(children_states(os.getpid())) or "none"
+    return f"children: {children}; pressure: {'; '.join(stall_pressure()) or 'n/a'}"
