@@ -96,6 +96,10 @@ class AdoptedProcess:
         self.exit_file = exit_file
         self.returncode: int | None = None
         self._pidfd: int | None = None
+        # The reaper and a stop's grace wait poll the pidfd at once; it is closed only after
+        # the last of them is done with it (a double close could close another thread's fd).
+        self._lock = threading.Lock()
+        self._waiters = 0
         try:
             if pid > 0:
                 self._pidfd = os.pidfd_open(pid)
@@ -104,25 +108,36 @@ class AdoptedProcess:
         if self._pidfd is None:
             self._finish()  # it ended while no master watched it
 
-    def _finish(self) -> int:
+    def _finish(self) -> None:
+        """Record the status once the end is seen (called with the lock held, or alone)."""
         if self.returncode is None:
             code = read_exit_file(self.exit_file)
             self.returncode = code if code is not None else -signal.SIGKILL
-            if self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = None
-        return self.returncode
+        if self._waiters == 0 and self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the process ends (subprocess.TimeoutExpired after `timeout`)."""
-        if self.returncode is not None:
-            return self.returncode
-        poller = select.poll()
-        poller.register(self._pidfd, select.POLLIN)
-        if not poller.poll(None if timeout is None else int(timeout * 1000)):
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            assert self._pidfd is not None
+            self._waiters += 1
+        ended = False
+        try:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            ended = bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if ended or self.returncode is not None:
+                    # The guard writes its exit file just before it ends; it is there by now.
+                    self._finish()
+        if self.returncode is None:
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
-        # The guard writes its exit file just before it ends; it is there once we see the end.
-        return self._finish()
+        return self.returncode
 
 
 @dataclass
