@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import TextIO
 
 log = logging.getLogger(__name__)
@@ -68,6 +67,11 @@ class MasterSupervisor:
         self.restarts = 0
         self._child: subprocess.Popen | None = None
         self._stopping = False
+        # The orphan reaper must never take the master child's exit from Popen.wait (Popen
+        # then reports exit code 0): it skips the child, and it ends with run(), so a later
+        # supervisor's child (a new port pick) is not taken for an orphan either.
+        self._child_lock = threading.Lock()
+        self._done = threading.Event()
 
     def run(self) -> int:
         """Supervise until the job ends; returns the exit code `dlrover submit` ends with."""
@@ -75,16 +79,18 @@ class MasterSupervisor:
         read_fd, write_fd = os.pipe()  # the write end is ours alone (not inheritable)
         os.set_inheritable(read_fd, True)
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        threading.Thread(target=self._reap_orphans, name="reaper", daemon=True).start()
+        reaper = threading.Thread(target=self._reap_orphans, name="reaper", daemon=True)
+        reaper.start()
         try:
             resume = False
             while True:
                 argv = [*self.master_argv, "--lifeline-fd", str(read_fd)]
                 if resume:
                     argv.append("--resume")
-                self._child = subprocess.Popen(
-                    argv, pass_fds=(read_fd,), preexec_fn=_die_with_parent
-                )
+                with self._child_lock:
+                    self._child = subprocess.Popen(
+                        argv, pass_fds=(read_fd,), preexec_fn=_die_with_parent
+                    )
                 code = self._child.wait()
                 if self._stopping or not resumable(self.state, self.job):
                     return code if code >= 0 else 1
@@ -101,6 +107,8 @@ class MasterSupervisor:
                 )
                 resume = True
         finally:
+            self._done.set()
+            reaper.join()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             os.close(write_fd)  # every node's guard sees the lifeline close
@@ -114,21 +122,21 @@ class MasterSupervisor:
 
     def _reap_orphans(self) -> None:
         """Reap adopted nodes' guards re-parented here (never the master child: Popen does)."""
-        while True:
-            time.sleep(REAP_INTERVAL_SECONDS)
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                continue
-            if info is None:
-                continue
-            child = self._child
-            if child is not None and info.si_pid == child.pid:
-                continue
-            try:
-                os.waitpid(info.si_pid, 0)
-            except ChildProcessError:
-                pass
+        while not self._done.wait(REAP_INTERVAL_SECONDS):
+            with self._child_lock:
+                try:
+                    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    continue
+                if info is None:
+                    continue
+                child = self._child
+                if child is not None and info.si_pid == child.pid:
+                    continue
+                try:
+                    os.waitpid(info.si_pid, 0)  # an exited orphan: returns at once
+                except ChildProcessError:
+                    pass
 
     def _say(self, line: str) -> None:
         self.out.write(line + "\n")
