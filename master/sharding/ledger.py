@@ -178,8 +178,11 @@ class DatasetLedger:
                 return lease.shard
         return None
 
-    def next_shard(self, holder: int, request_id: int = 0) -> Shard | None:
-        """Hand the front of todo to `holder`; None when todo is empty and no epoch is left."""
+    def next_shard(
+        self, holder: int, request_id: int = 0, records: int | None = None
+    ) -> Shard | None:
+        """Hand the front of todo to `holder`, at most `records` of it (default: the spec's
+        shard size); None when todo is empty and no epoch is left."""
         _check_holder(holder)
         if not self._todo:
             if self._epoch >= self.spec.epochs - 1:
@@ -189,7 +192,7 @@ class DatasetLedger:
             self._push_back(_Range(self._epoch, 0, self.spec.size, False))
             logger.debug("dataset %s: epoch %d created", self.spec.name, self._epoch)
         front = self._todo.popleft()
-        end = min(front.end, front.start + self._shard_records)
+        end = min(front.end, front.start + max(1, records or self._shard_records))
         self._todo_records -= end - front.start
         if end < front.end:
             self._todo.appendleft(_Range(front.epoch, end, front.end, front.redo))
@@ -258,6 +261,10 @@ class DatasetLedger:
     def holds(self, holder: int) -> bool:
         """Whether `holder` holds a shard (constant time)."""
         return holder in self._by_holder
+
+    def holder_count(self) -> int:
+        """How many nodes hold a shard (constant time)."""
+        return len(self._by_holder)
 
     def held_by(self, holder: int) -> list[Shard]:
         """Shards `holder` holds, oldest first."""

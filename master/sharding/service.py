@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from master.sharding.ledger import DatasetLedger, DatasetSpec, LedgerError, Shard
+from master.sharding.pacing import ShardPacer
 from master.state.api import StateStore
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,20 @@ class _Entry:
         self.writing = False
         self.stored: set[int] = stored or set()  # shard ids with a row in LEASE_TABLE
         self.rewrite_all = False  # the next write rewrites every lease row (ledger replaced)
+        # Shard sizes follow each holder's pace unless the spec fixes them.
+        spec = ledger.spec
+        self.pacer = None if spec.records_per_shard else ShardPacer(spec.shard_records())
+
+    def next_shard(self, holder: int, request_id: int) -> Shard | None:
+        """The ledger's next shard for `holder`, sized to its pace (call with `cond` held)."""
+        ledger = self.ledger
+        if self.pacer is None:
+            return ledger.next_shard(holder, request_id)
+        records = self.pacer.records_for(holder, ledger.records_todo(), ledger.holder_count())
+        shard = ledger.next_shard(holder, request_id, records)
+        if shard is not None:
+            self.pacer.granted(holder, shard.shard_id, shard.size)
+        return shard
 
     def changed(self) -> int:
         """Count a change (call with `cond` held); returns the version to make durable."""
@@ -184,7 +199,7 @@ class ShardingService:
                 if holder in self._retired:
                     return ShardGrant(ShardStatus.PENDING)  # its answer has nobody to reach
                 ledger = entry.ledger
-                shard = ledger.next_shard(holder, request_id)
+                shard = entry.next_shard(holder, request_id)
                 if shard is not None:
                     version = entry.changed()
                     break
@@ -206,7 +221,10 @@ class ShardingService:
             completed = False
             try:
                 for shard_id, consumed in reports:
-                    completed |= entry.ledger.report(holder, shard_id, consumed)
+                    if entry.ledger.report(holder, shard_id, consumed):
+                        completed = True
+                        if entry.pacer is not None:
+                            entry.pacer.finished(holder, shard_id)
             finally:
                 # Reports before a bad one were applied: they count as a change either way.
                 version = entry.changed()
@@ -238,6 +256,8 @@ class ShardingService:
         entry = self._entry(name)
         with entry.cond:
             n = entry.ledger.release(holder)
+            if entry.pacer is not None:
+                entry.pacer.forget(holder)
             entry.changed()
             entry.cond.notify_all()
         return n

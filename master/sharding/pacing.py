@@ -1,0 +1,73 @@
+"""Shard sizes paced to each holder: a fast trainer gets shards that last it several seconds.
+
+A dataset whose spec leaves `records_per_shard` at 0 starts every holder on the base shard
+(batch_size * 16 records). Once a holder has finished a shard, its next one is a whole multiple
+of the base sized to about TARGET_SHARD_SECONDS of its own measured pace, at most
+MAX_GROWTH times the base, and never more than an even share of half of what is left to hand
+out, so the last shards of a job stay small and no trainer idles while another finishes a big
+one. Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
+since progress inside a shard is counted per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+TARGET_SHARD_SECONDS = 6.0
+MAX_GROWTH = 16
+# Open grants remembered per holder; a holder rarely holds more than two (one prefetched).
+_MAX_OPEN = 4
+
+
+@dataclass
+class _Holder:
+    open: dict[int, tuple[int, float]]  # shard id -> (records, granted at)
+    last_done: float = 0.0  # when its last shard was finished
+    pace: float = 0.0  # records per second over its last finished shard (0: not measured)
+
+
+class ShardPacer:
+    """Measures each holder's pace from its grants and completions; sizes its next shard.
+
+    Not thread-safe: the owner serializes calls (the dataset's lock).
+    """
+
+    def __init__(self, base: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base = base
+        self._clock = clock
+        self._holders: dict[int, _Holder] = {}
+
+    def records_for(self, holder: int, records_left: int, holders: int) -> int:
+        """Records for `holder`'s next shard, given what is left to hand out and how many
+        holders share it."""
+        state = self._holders.get(holder)
+        if state is None or state.pace <= 0:
+            return self.base
+        growth = min(MAX_GROWTH, int(state.pace * TARGET_SHARD_SECONDS // self.base))
+        fair = records_left // (2 * max(1, holders) * self.base)
+        return self.base * max(1, min(growth, fair))
+
+    def granted(self, holder: int, shard_id: int, records: int) -> None:
+        state = self._holders.setdefault(holder, _Holder(open={}))
+        if len(state.open) >= _MAX_OPEN:  # grants lost to a rollback or a release
+            state.open.pop(next(iter(state.open)))
+        state.open[shard_id] = (records, self._clock())
+
+    def finished(self, holder: int, shard_id: int) -> None:
+        """The holder consumed the whole shard: its pace is that shard's records over the time
+        since it could start on it (its grant, or the end of its previous shard if later)."""
+        state = self._holders.get(holder)
+        if state is None or shard_id not in state.open:
+            return
+        records, granted_at = state.open.pop(shard_id)
+        now = self._clock()
+        started = max(granted_at, state.last_done)
+        if now > started:
+            state.pace = records / (now - started)
+        state.last_done = now
+
+    def forget(self, holder: int) -> None:
+        """The holder gave its shards back or ended: measure it afresh if it asks again."""
+        self._holders.pop(holder, None)

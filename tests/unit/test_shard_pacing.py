@@ -1,0 +1,124 @@
+"""Shard sizes follow each holder's pace: fast trainers ask rarely, the last shards stay small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from master.sharding.ledger import DatasetSpec
+from master.sharding.pacing import MAX_GROWTH, TARGET_SHARD_SECONDS, ShardPacer
+from master.sharding.service import ShardingService, ShardStatus
+from master.state.sqlite import SQLiteStateStore
+
+BASE = 1024
+PLENTY = 10**9
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_holder_gets_the_base_shard_until_its_pace_is_known() -> None:
+    pacer = ShardPacer(BASE, Clock())
+    assert pacer.records_for(7, PLENTY, 1) == BASE
+    pacer.granted(7, 0, BASE)
+    assert pacer.records_for(7, PLENTY, 1) == BASE  # granted, not finished yet
+
+
+def test_the_next_shard_lasts_about_the_target_time_at_the_holder_pace() -> None:
+    clock = Clock()
+    pacer = ShardPacer(BASE, clock)
+    pacer.granted(7, 0, BASE)
+    clock.now += 1.6  # 640 records/s: a 10 steps/s trainer with batches of 64
+    pacer.finished(7, 0)
+    expected = int(640 * TARGET_SHARD_SECONDS // BASE) * BASE
+    assert BASE < expected <= 640 * TARGET_SHARD_SECONDS
+    assert pacer.records_for(7, PLENTY, 1) == expected
+    # A very fast holder is capped; a slow one stays at the base.
+    pacer.granted(8, 1, BASE)
+    clock.now += 0.001
+    pacer.finished(8, 1)
+    assert pacer.records_for(8, PLENTY, 1) == MAX_GROWTH * BASE
+    pacer.granted(9, 2, BASE)
+    clock.now += 60.0
+    pacer.finished(9, 2)
+    assert pacer.records_for(9, PLENTY, 1) == BASE
+
+
+def test_a_prefetched_shard_is_timed_from_the_end_of_the_one_before() -> None:
+    """A trainer that asks one step ahead holds two shards: its pace is not halved by that."""
+    clock = Clock()
+    pacer = ShardPacer(BASE, clock)
+    pacer.granted(7, 0, BASE)
+    clock.now += 2.0
+    pacer.granted(7, 1, BASE)  # prefetched a step before shard 0 ends
+    clock.now += 0.1
+    pacer.finished(7, 0)
+    clock.now += 1.0
+    pacer.finished(7, 1)  # 1,024 records in the 1.0 s since shard 0 ended
+    assert pacer.records_for(7, PLENTY, 1) == int(BASE * TARGET_SHARD_SECONDS // BASE) * BASE
+
+
+def test_near_the_end_no_holder_gets_more_than_an_even_share_of_half_of_what_is_left() -> None:
+    clock = Clock()
+    pacer = ShardPacer(BASE, clock)
+    pacer.granted(7, 0, BASE)
+    clock.now += 0.001
+    pacer.finished(7, 0)
+    assert pacer.records_for(7, 40 * BASE, 4) == 5 * BASE  # 40 left, 4 holders: 40 / 8
+    assert pacer.records_for(7, 3 * BASE, 4) == BASE  # never below the base
+    pacer.forget(7)  # it gave its shards back: measured afresh
+    assert pacer.records_for(7, PLENTY, 1) == BASE
+
+
+def _drain(svc: ShardingService, name: str, holders: list[int]) -> list[tuple[int, int, int]]:
+    """Every holder in turn takes a shard and trains it at once, until the data ends."""
+    got = []
+    while True:
+        ended = 0
+        for h in holders:
+            grant = svc.get_shard(name, h)
+            if grant.status != ShardStatus.SHARD:
+                ended += 1
+                continue
+            s = grant.shard
+            got.append((s.epoch, s.start, s.end))
+            assert len(grant.indices) == s.size
+            svc.report(name, h, [(s.shard_id, s.size)])
+        if ended == len(holders):
+            return got
+
+
+def test_the_service_grows_shards_for_fast_holders_and_still_hands_every_record_once(
+    tmp_path: Path,
+) -> None:
+    svc = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), flush_seconds=3600)
+    spec = DatasetSpec("paced", size=1_000_000, batch_size=64, epochs=2, shuffle=True, seed=3)
+    svc.create(spec)
+    shards = _drain(svc, "paced", [1, 2])
+    sizes = [end - start for _, start, end in shards]
+    assert max(sizes) > BASE  # instant training: shards grew
+    assert max(sizes) <= MAX_GROWTH * BASE
+    assert sizes[-1] <= BASE  # the last ones are small again
+    for epoch in (0, 1):  # every position of every epoch exactly once
+        covered = np.zeros(spec.size, dtype=np.int64)
+        for e, start, end in shards:
+            if e == epoch:
+                covered[start:end] += 1
+        assert (covered == 1).all()
+    stats = svc.stats()[0]
+    assert stats.finished and stats.records_done == 2 * spec.size
+    svc.close()
+
+
+def test_a_fixed_records_per_shard_is_kept(tmp_path: Path) -> None:
+    svc = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), flush_seconds=3600)
+    svc.create(DatasetSpec("fixed", size=100_000, batch_size=64, records_per_shard=BASE))
+    sizes = {end - start for _, start, end in _drain(svc, "fixed", [1, 2])}
+    assert sizes == {BASE, 100_000 % BASE}
+    svc.close()
