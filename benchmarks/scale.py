@@ -81,7 +81,9 @@ def _ask(child: _Child, request: str, what: str) -> tuple:
     return child.recv(60, what)
 
 
-def _create_dataset(addr: str, token: str, node: tuple[str, int, int], shuffle: bool) -> None:
+def _create_dataset(
+    addr: str, token: str, node: tuple[str, int, int], shuffle: bool, records_per_shard: int
+) -> None:
     from master.client import MasterClient, NodeIdentity
     from master.pb import data_pb2
 
@@ -92,7 +94,7 @@ def _create_dataset(addr: str, token: str, node: tuple[str, int, int], shuffle: 
                 name=DATASET,
                 size=DATASET_SIZE,
                 batch_size=BATCH_SIZE,
-                records_per_shard=RECORDS_PER_SHARD,
+                records_per_shard=records_per_shard,
                 epochs=1,
                 shuffle=shuffle,
                 seed=SHUFFLE_SEED,
@@ -115,7 +117,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
             addr = f"127.0.0.1:{port}"
             log.info("N=%d: master pid %d at %s, %d nodes", n, master.proc.pid, addr, len(nodes))
             workers = [x for x in nodes if x[0] == "worker"]
-            _create_dataset(addr, token, workers[0], not args.no_shuffle)
+            _create_dataset(addr, token, workers[0], not args.no_shuffle, args.records_per_shard)
             silent = workers[-1][2]
             shares = [nodes[i :: args.sim_processes] for i in range(args.sim_processes)]
             sims = []
@@ -211,6 +213,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "shard_round_trips_per_s": round(shards / seconds, 1),
         "progress": args.progress,
         "shuffle": not args.no_shuffle,
+        "records_per_shard": args.records_per_shard,  # 0: paced by the master (the default)
         "heartbeats": args.heartbeats if args.progress != "per-step" else "calls",
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
@@ -313,7 +316,8 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
         f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
         f"{args.sim_processes} simulator processes, {args.progress} progress reports, "
-        f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards, "
+        f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards "
+        f"({args.records_per_shard or 'paced'} records), "
         f"heartbeats {args.heartbeats if args.progress != 'per-step' else 'calls'}, "
         f"{os.cpu_count()} cores\n\n"
     )
@@ -391,6 +395,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="hand out records in order; by default the dataset is shuffled, as the examples' "
         "and most users' are (the master then computes each shard's shuffled indices)",
+    )
+    p.add_argument(
+        "--records-per-shard",
+        type=int,
+        default=0,
+        help=f"fix the shard size (the old default: {RECORDS_PER_SHARD}); by default the "
+        "dataset leaves it to the master, which sizes each worker's shards to its pace, as a "
+        "ShardedDataset does unless told otherwise",
     )
     p.add_argument("--rendezvous-nodes", type=int, default=RENDEZVOUS_NODES)
     p.add_argument("--c10d-timeout", type=float, default=C10D_TIMEOUT_S)
