@@ -6,17 +6,21 @@ of the base sized to about TARGET_SHARD_SECONDS of its own measured pace, at mos
 MAX_GROWTH times the base, and never more than an even share of half of what is left to hand
 out, so the last shards of a job stay small and no trainer idles while another finishes a big
 one. Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
-since progress inside a shard is counted per batch.
+since progress inside a shard is counted per batch. The target is jittered per grant (by up to
+JITTER either way) so that workers started together at the same pace do not all finish their
+shards, and ask for the next, in the same instant.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 TARGET_SHARD_SECONDS = 6.0
 MAX_GROWTH = 16
+JITTER = 0.25
 # Open grants remembered per holder; a holder rarely holds more than two (one prefetched).
 _MAX_OPEN = 4
 
@@ -34,9 +38,17 @@ class ShardPacer:
     Not thread-safe: the owner serializes calls (the dataset's lock).
     """
 
-    def __init__(self, base: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        base: int,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: float = JITTER,
+        rng: random.Random | None = None,
+    ) -> None:
         self.base = base
         self._clock = clock
+        self._jitter = jitter
+        self._rng = rng or random.Random()
         self._holders: dict[int, _Holder] = {}
 
     def records_for(self, holder: int, records_left: int, holders: int) -> int:
@@ -45,7 +57,10 @@ class ShardPacer:
         state = self._holders.get(holder)
         if state is None or state.pace <= 0:
             return self.base
-        growth = min(MAX_GROWTH, int(state.pace * TARGET_SHARD_SECONDS // self.base))
+        target = TARGET_SHARD_SECONDS
+        if self._jitter:
+            target *= 1 + self._rng.uniform(-self._jitter, self._jitter)
+        growth = min(MAX_GROWTH, int(state.pace * target // self.base))
         fair = records_left // (2 * max(1, holders) * self.base)
         return self.base * max(1, min(growth, fair))
 

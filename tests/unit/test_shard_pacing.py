@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
 
 from master.sharding.ledger import DatasetSpec
-from master.sharding.pacing import MAX_GROWTH, TARGET_SHARD_SECONDS, ShardPacer
+from master.sharding.pacing import JITTER, MAX_GROWTH, TARGET_SHARD_SECONDS, ShardPacer
 from master.sharding.service import ShardingService, ShardStatus
 from master.state.sqlite import SQLiteStateStore
 
@@ -24,7 +25,7 @@ class Clock:
 
 
 def test_a_holder_gets_the_base_shard_until_its_pace_is_known() -> None:
-    pacer = ShardPacer(BASE, Clock())
+    pacer = ShardPacer(BASE, Clock(), jitter=0)
     assert pacer.records_for(7, PLENTY, 1) == BASE
     pacer.granted(7, 0, BASE)
     assert pacer.records_for(7, PLENTY, 1) == BASE  # granted, not finished yet
@@ -32,7 +33,7 @@ def test_a_holder_gets_the_base_shard_until_its_pace_is_known() -> None:
 
 def test_the_next_shard_lasts_about_the_target_time_at_the_holder_pace() -> None:
     clock = Clock()
-    pacer = ShardPacer(BASE, clock)
+    pacer = ShardPacer(BASE, clock, jitter=0)
     pacer.granted(7, 0, BASE)
     clock.now += 1.6  # 640 records/s: a 10 steps/s trainer with batches of 64
     pacer.finished(7, 0)
@@ -53,7 +54,7 @@ def test_the_next_shard_lasts_about_the_target_time_at_the_holder_pace() -> None
 def test_a_prefetched_shard_is_timed_from_the_end_of_the_one_before() -> None:
     """A trainer that asks one step ahead holds two shards: its pace is not halved by that."""
     clock = Clock()
-    pacer = ShardPacer(BASE, clock)
+    pacer = ShardPacer(BASE, clock, jitter=0)
     pacer.granted(7, 0, BASE)
     clock.now += 2.0
     pacer.granted(7, 1, BASE)  # prefetched a step before shard 0 ends
@@ -66,7 +67,7 @@ def test_a_prefetched_shard_is_timed_from_the_end_of_the_one_before() -> None:
 
 def test_near_the_end_no_holder_gets_more_than_an_even_share_of_half_of_what_is_left() -> None:
     clock = Clock()
-    pacer = ShardPacer(BASE, clock)
+    pacer = ShardPacer(BASE, clock, jitter=0)
     pacer.granted(7, 0, BASE)
     clock.now += 0.001
     pacer.finished(7, 0)
@@ -122,3 +123,16 @@ def test_a_fixed_records_per_shard_is_kept(tmp_path: Path) -> None:
     sizes = {end - start for _, start, end in _drain(svc, "fixed", [1, 2])}
     assert sizes == {BASE, 100_000 % BASE}
     svc.close()
+
+
+def test_the_target_is_jittered_so_workers_started_together_do_not_ask_together() -> None:
+    clock = Clock()
+    pacer = ShardPacer(BASE, clock, rng=random.Random(5))
+    pacer.granted(7, 0, BASE)
+    clock.now += 1.6  # 640 records/s: 3,840 records in 6 s
+    pacer.finished(7, 0)
+    sizes = [pacer.records_for(7, PLENTY, 1) for _ in range(200)]
+    low = int(640 * TARGET_SHARD_SECONDS * (1 - JITTER) // BASE) * BASE
+    high = int(640 * TARGET_SHARD_SECONDS * (1 + JITTER) // BASE) * BASE
+    assert set(sizes) <= set(range(low, high + 1, BASE))
+    assert len(set(sizes)) >= 2  # not one size for every grant
