@@ -188,6 +188,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
         call = None if plan.unary else stub.StreamProgress(metadata=md)
         shard = await get_shard()
         step = 0
+        done = 0  # records consumed in the current shard
         pending: dict[int, int] = {}  # shard id -> records consumed, not reported yet
         unsent = 0
         next_flush = begin - plan.warmup + random.random() * plan.coalesce_s
@@ -197,7 +198,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
             await asyncio.sleep(max(0.0, t - now))
             started = clock()
             size = shard.end - shard.start
-            done = min(size, (step % 16 + 1) * BATCH_SIZE)
+            done = min(size, done + BATCH_SIZE)  # shards are of any size (paced by the master)
             step += 1
             pending[shard.shard_id] = done
             unsent += 1
@@ -238,6 +239,7 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 if begin <= started < end:
                     stats.shards += 1
                 shard, upcoming = await upcoming, None
+                done = 0
             t += 1 / STEPS_PER_S
         if silent:
             await asyncio.sleep(max(0.0, end - clock()))  # connected, silent, to the end
