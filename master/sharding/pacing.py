@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TARGET_SHARD_SECONDS = 6.0
 MAX_GROWTH = 16
@@ -27,7 +27,8 @@ _MAX_OPEN = 4
 
 @dataclass
 class _Holder:
-    open: dict[int, tuple[int, float]]  # shard id -> (records, granted at)
+    # shard id -> (records, granted at)
+    open: dict[int, tuple[int, float]] = field(default_factory=dict)
     last_done: float = 0.0  # when its last shard was finished
     pace: float = 0.0  # records per second over its last finished shard (0: not measured)
 
@@ -65,7 +66,7 @@ class ShardPacer:
         return self.base * max(1, min(growth, fair))
 
     def granted(self, holder: int, shard_id: int, records: int) -> None:
-        state = self._holders.setdefault(holder, _Holder(open={}))
+        state = self._holders.setdefault(holder, _Holder())
         if len(state.open) >= _MAX_OPEN:  # grants lost to a rollback or a release
             state.open.pop(next(iter(state.open)))
         state.open[shard_id] = (records, self._clock())
