@@ -9,13 +9,13 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from master.config import NODE_TYPES
 from master.job.model import STOP_GRACE_SECONDS
-from master.nodes.model import NodeState
+from master.nodes.model import TRAINING_TYPES, Node, NodeState
 
 if TYPE_CHECKING:
     from master.nodes.manager import NodeManager
@@ -119,6 +119,21 @@ def faults_due(
     ]
 
 
+def waits_for_first_step(
+    fault: Fault, target: Node, trainers: Iterable[Node], coordinator: int | None
+) -> bool:
+    """Whether a fault due on `target` waits for the target's first reported step: a kill at
+    a share of the records or at a step rehearses a trainer dying mid-training, and a trainer
+    started late (a loaded machine) may not have trained when the others reach the trigger.
+    It waits only where trainers report steps: the target took a shard, or another trainer
+    (not a TF2 coordinator, `coordinator`, which reports for workers that never do) stepped."""
+    if fault.at_seconds is not None or target.type not in TRAINING_TYPES or target.steps > 0:
+        return False
+    if target.last_progress > 0:  # took a shard, so it reports its steps
+        return True
+    return any(n.steps > 0 for n in trainers if n.id not in (target.id, coordinator))
+
+
 def unfired_message(fault: Fault, reports_progress: bool) -> str:
     """What to say of a fault whose trigger was never reached by the job's end; a percentage
     or a step never comes for a program that reports no records or steps."""
@@ -140,6 +155,8 @@ class FaultInjectionMixin:
     global_step: int
     _faults: list[Fault]
     _fired_faults: list[int]
+    _faults_waiting: set[int]  # ids of targets a due fault waits on for their first step
+    _coordinator_to_restart: Callable[[], Node | None]
     _emit: Callable[..., Any]
     _save_runtime: Callable[[], None]
     percent_done: Callable[[], float]
@@ -160,13 +177,15 @@ class FaultInjectionMixin:
         pct, secs = self.percent_done(), self.elapsed()
         for i in faults_due(self._faults, self._fired_faults, pct, secs, self.global_step):
             fault = self._faults[i]
+            node = self.nodes.current(fault.node_type, fault.rank)
+            if fault.node_type != MASTER and node and self._before_first_step(fault, node):
+                continue
             # Recorded before it acts, so a restarted master never fires it again.
             self._fired_faults.append(i)
             self._save_runtime()
             if fault.node_type == MASTER:
                 self._kill_self(fault)
                 continue
-            node = self.nodes.current(fault.node_type, fault.rank)
             if node is None or node.state != NodeState.RUNNING:
                 self._emit(
                     "fault", f"fault injection: {fault.describe()}: node not running, skipped"
@@ -182,6 +201,25 @@ class FaultInjectionMixin:
                 global_step=self.global_step,
             )
             self.platform.signal_node(node.id, fault.signal)
+
+    def _before_first_step(self, fault: Fault, target: Node) -> bool:
+        """Whether the due `fault` waits for its target's first step (said once); a target
+        still starting (pending) waits too, where a running one would."""
+        if target.state.ended:
+            return False
+        coordinator = self._coordinator_to_restart()
+        trainers = self.nodes.all_current()
+        if not waits_for_first_step(fault, target, trainers, coordinator and coordinator.id):
+            return False
+        if target.id not in self._faults_waiting:
+            self._faults_waiting.add(target.id)
+            self._emit(
+                "fault_waiting",
+                f"fault injection: {fault.describe()} is due; waiting for {target.name}'s "
+                "first step (it has not trained yet)",
+                target,
+            )
+        return True
 
     def _report_unfired_faults(self) -> None:
         """At the job's end: say which faults never fired, and why where it is known."""

@@ -158,6 +158,7 @@ class JobMaster(
         self.epoch = 0  # this master instance's number; a restarted master takes the next
         self._started_wall = time.time()
         self._fired_faults: list[int] = []  # indices into the faults given at submit
+        self._faults_waiting: set[int] = set()
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False
