@@ -120,16 +120,20 @@ def faults_due(
 
 
 def waits_for_first_step(
-    fault: Fault, target: Node, trainers: Iterable[Node], coordinator: int | None
+    fault: Fault,
+    target: Node,
+    holds_shards: bool,
+    trainers: Iterable[Node],
+    coordinator: int | None,
 ) -> bool:
     """Whether a fault due on `target` waits for the target's first reported step: a kill at
     a share of the records or at a step rehearses a trainer dying mid-training, and a trainer
     started late (a loaded machine) may not have trained when the others reach the trigger.
-    It waits only where trainers report steps: the target took a shard, or another trainer
+    It waits only where trainers report steps: the target `holds_shards`, or another trainer
     (not a TF2 coordinator, `coordinator`, which reports for workers that never do) stepped."""
     if fault.at_seconds is not None or target.type not in TRAINING_TYPES or target.steps > 0:
         return False
-    if target.last_progress > 0:  # took a shard, so it reports its steps
+    if holds_shards:  # it reads the master's shards, so it reports its steps
         return True
     return any(n.steps > 0 for n in trainers if n.id not in (target.id, coordinator))
 
@@ -209,7 +213,8 @@ class FaultInjectionMixin:
             return False
         coordinator = self._coordinator_to_restart()
         trainers = self.nodes.all_current()
-        if not waits_for_first_step(fault, target, trainers, coordinator and coordinator.id):
+        holds = self.sharding.holds_shards(target.id)
+        if not waits_for_first_step(fault, target, holds, trainers, coordinator and coordinator.id):
             return False
         if target.id not in self._faults_waiting:
             self._faults_waiting.add(target.id)

@@ -62,7 +62,11 @@ def test_keras_ps_job_trains_every_record_epochs_times(tmp_path):
 def test_keras_ps_job_survives_worker_kill(tmp_path, loop):
     summary, ids = run_job(tmp_path, "--kill", "worker:1@40%", loop=loop)
     w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
-    assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded"
+    assert len(w1) == 2 and w1[0]["exit_reason"] == "killed", w1
+    # The relaunched worker ends with the job: by itself once training is done, or stopped by
+    # the master when the chief finished first (TF starts in 8-10 s here and the job trains
+    # out in ~5 s after the kill), never as a failure.
+    assert w1[1]["status"] == "succeeded" or w1[1].get("note") == "stopped: job done", w1
     # The coordinator retried the dead worker's steps elsewhere with the same indices: one
     # coordinator, no restart, and at most the batch applied before the kill trained again.
     chief = [n for n in summary["nodes"] if n["type"] == "chief"]

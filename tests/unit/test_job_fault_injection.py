@@ -42,12 +42,11 @@ def test_a_fault_that_never_fired_is_said_with_why_for_a_program_without_reports
     assert unfired_message(secs, reports_progress=False).endswith("before the job's end")
 
 
-def _trainer(kind: str, rank: int, node_id: int, steps: int = 0, took_shard: bool = False):
+def _trainer(kind: str, rank: int, node_id: int, steps: int = 0):
     from master.nodes.model import Node, NodeState
 
-    node = Node(kind, rank, node_id, state=NodeState.RUNNING, steps=steps)
-    node.last_progress = 5.0 if took_shard or steps else 0.0
-    return node
+    # Registered: a node's last progress is its registration until it reports.
+    return Node(kind, rank, node_id, state=NodeState.RUNNING, steps=steps, last_progress=5.0)
 
 
 def test_a_kill_mid_training_waits_for_a_late_trainers_first_step():
@@ -57,17 +56,19 @@ def test_a_kill_mid_training_waits_for_a_late_trainers_first_step():
     chief, w0 = _trainer("chief", 0, 1, steps=70), _trainer("worker", 0, 2, steps=5)
     late = _trainer("worker", 1, 3)
     # Its peers train and report steps: a kill now would hit a worker that never trained.
-    assert waits_for_first_step(pct, late, [chief, w0, late], coordinator=None)
-    assert waits_for_first_step(parse_fault("worker:1@step=75"), late, [chief, late], None)
-    # It took a shard: it reports steps, so its first one is awaited even with no peer's yet.
-    reading = _trainer("worker", 1, 3, took_shard=True)
-    assert waits_for_first_step(pct, reading, [reading], coordinator=None)
+    assert waits_for_first_step(pct, late, False, [chief, w0, late], coordinator=None)
+    assert waits_for_first_step(parse_fault("worker:1@step=75"), late, False, [chief, late], None)
+    # It holds a shard: it reports steps, so its first one is awaited even with no peer's yet.
+    assert waits_for_first_step(pct, late, True, [late], coordinator=None)
+    # Registered but holding nothing, with no peer's step: nothing says it will report.
+    assert not waits_for_first_step(pct, late, False, [late], coordinator=None)
     # Once it has stepped, or for a time trigger, or a PS, nothing waits.
     stepped = _trainer("worker", 1, 3, steps=1)
-    assert not waits_for_first_step(pct, stepped, [chief, w0, stepped], None)
-    assert not waits_for_first_step(parse_fault("worker:1@30s"), late, [chief, w0, late], None)
+    assert not waits_for_first_step(pct, stepped, True, [chief, w0, stepped], None)
+    at_30s = parse_fault("worker:1@30s")
+    assert not waits_for_first_step(at_30s, late, False, [chief, w0, late], None)
     ps = _trainer("ps", 0, 4)
-    assert not waits_for_first_step(parse_fault("ps:0@40%"), ps, [chief, w0, ps], None)
+    assert not waits_for_first_step(parse_fault("ps:0@40%"), ps, False, [chief, w0, ps], None)
 
 
 def test_a_tf2_workers_kill_never_waits_for_steps_only_its_coordinator_reports():
@@ -76,6 +77,6 @@ def test_a_tf2_workers_kill_never_waits_for_steps_only_its_coordinator_reports()
     coordinator = _trainer("chief", 0, 1, steps=70)
     w1 = _trainer("worker", 1, 3)
     pct = parse_fault("worker:1@40%")
-    assert not waits_for_first_step(pct, w1, [coordinator, w1], coordinator=coordinator.id)
+    assert not waits_for_first_step(pct, w1, False, [coordinator, w1], coordinator.id)
     # Without the coordinator's key the chief's steps say trainers report their own.
-    assert waits_for_first_step(pct, w1, [coordinator, w1], coordinator=None)
+    assert waits_for_first_step(pct, w1, False, [coordinator, w1], coordinator=None)
