@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_local_job import DLROVER, start_submit, submit, write_job
+
+STREAMED = "dlrover_rpc_stream_messages_total"
 
 
 def read_header(proc: subprocess.Popen) -> dict[str, str]:
@@ -54,6 +57,17 @@ def rpc_calls(samples: dict) -> float:
     return sum(v for (n, _), v in samples.items() if n == "dlrover_rpc_duration_seconds_count")
 
 
+def scrape_until(header: dict[str, str], token: str, condition, timeout: float = 60.0) -> dict:
+    """Scrape the job's metrics until `condition` holds of a scrape; fails at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(header["dashboard"], token)
+        if condition(samples):
+            return samples
+        assert time.monotonic() < deadline, f"no scrape in {timeout:g} s met {condition}"
+        time.sleep(0.05)
+
+
 def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_replaced(tmp_path):
     job = write_job(
         tmp_path,
@@ -80,16 +94,19 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repla
             text=True,
         )
         token = dashboard_token(header["run_dir"])
-        first = scrape(header["dashboard"], token)
-        while value(first, "dlrover_global_step") == 0:
-            first = scrape(header["dashboard"], token)
-        second = scrape(header["dashboard"], token)
-        # Wait (no timing assumed) until steps were taken and unary RPCs (shard requests)
-        # answered between the two scrapes.
-        while value(second, "dlrover_global_step") <= value(
-            first, "dlrover_global_step"
-        ) or rpc_calls(second) <= rpc_calls(first):
-            second = scrape(header["dashboard"], token)
+        first = scrape_until(header, token, lambda s: value(s, "dlrover_global_step") > 0)
+
+        def moved_on(second: dict) -> bool:
+            # Steps taken, unary RPCs (shard requests) answered and progress reports streamed
+            # between the two scrapes: a step may reach the master in a heartbeat first.
+            return (
+                value(second, "dlrover_global_step") > value(first, "dlrover_global_step")
+                and rpc_calls(second) > rpc_calls(first)
+                and value(second, STREAMED, method="StreamProgress")
+                > value(first, STREAMED, method="StreamProgress")
+            )
+
+        second = scrape_until(header, token, moved_on)
         out, _ = proc.communicate(timeout=120)
         watched, watch_err = watch.communicate(timeout=60)
     finally:
@@ -109,8 +126,8 @@ def test_prometheus_scrapes_during_a_job_parse_and_move_and_a_straggler_is_repla
     assert rpc_calls(second) > rpc_calls(first) > 0
     assert value(second, "dlrover_rpc_duration_seconds_count", method="GetShard", code="OK") > 0
     assert value(second, "dlrover_node_memory_rss_bytes", type="worker", rank="0") > 0
-    assert value(second, "dlrover_rpc_stream_messages_total", method="StreamProgress") > value(
-        first, "dlrover_rpc_stream_messages_total", method="StreamProgress"
+    assert value(second, STREAMED, method="StreamProgress") > value(
+        first, STREAMED, method="StreamProgress"
     )
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["dashboard_url"] == header["dashboard"]
