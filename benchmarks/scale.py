@@ -111,7 +111,9 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     children: list[_Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
-            master = _Child(ctx, "master", master_main, tmp, n, ps, args.heartbeat_timeout)
+            master = _Child(
+                ctx, "master", master_main, tmp, n, ps, args.heartbeat_timeout, args.server
+            )
             children.append(master)
             _, port, token, nodes = master.recv(READY_TIMEOUT_S, "starting the job")
             addr = f"127.0.0.1:{port}"
@@ -211,6 +213,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
+        "rpc_server": args.server,
         "progress": args.progress,
         "shuffle": not args.no_shuffle,
         "records_per_shard": args.records_per_shard,  # 0: paced by the master (the default)
@@ -313,7 +316,8 @@ def targets(top: dict, rdzv: dict | None) -> dict:
 def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
     w = sys.stdout.write
     w(
-        f"\nscale: N workers (+N/{PS_PER_WORKERS} PS), heartbeats {HEARTBEAT_HZ:g} Hz, "
+        f"\nscale: {args.server} server, N workers (+N/{PS_PER_WORKERS} PS), "
+        f"heartbeats {HEARTBEAT_HZ:g} Hz, "
         f"{STEPS_PER_S:g} steps/s per worker, {args.seconds:g} s measured, "
         f"{args.sim_processes} simulator processes, {args.progress} progress reports, "
         f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards "
@@ -371,6 +375,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated worker counts (each also gets N/50 PS nodes)",
     )
     p.add_argument("--seconds", type=float, default=18.0, help="measured seconds per N")
+    p.add_argument(
+        "--server",
+        choices=("sync", "aio"),
+        default="sync",
+        help="the master's gRPC server (MasterConfig.rpc_server, `--rpc-server`)",
+    )
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
     p.add_argument("--heartbeat-timeout", type=float, default=HEARTBEAT_TIMEOUT_S)
     p.add_argument("--sim-processes", type=int, default=SIM_PROCESSES)

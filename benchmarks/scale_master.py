@@ -50,7 +50,9 @@ def simulated_platform():
     return SimulatedPlatform()
 
 
-def master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> None:
+def master_main(
+    conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "sync"
+) -> None:
     """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
@@ -63,6 +65,7 @@ def master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> 
     from master.config import parse_job_spec
     from master.job.master import JobMaster, JobRuntime
     from master.observability.endpoint import Observability
+    from master.rpc.aio_server import start_aio_server
     from master.rpc.server import start_server
     from master.state.sqlite import SQLiteStateStore
 
@@ -92,7 +95,8 @@ def master_main(conn, tmp_dir: str, workers: int, ps: int, timeout_s: float) -> 
     job = JobMaster(spec, platform, store, runtime, on_event=on_event)
     observability = Observability(job, "127.0.0.1", 0)
     token = secrets.token_urlsafe(32)
-    server, port = start_server(
+    start = start_aio_server if server_kind == "aio" else start_server
+    server, port = start(
         job,
         "127.0.0.1",
         0,

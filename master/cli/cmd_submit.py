@@ -13,6 +13,7 @@ import sys
 from master.cli.cmd_brain import brain_location
 from master.cli.ray_master_actor import run_master_actor
 from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job_spec
+from master.config.master_config import RPC_SERVERS
 from master.job.faults import FaultSpecError, parse_fault
 from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
@@ -49,6 +50,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             )
         s.add_argument("--host", default="127.0.0.1", help="address the master listens on")
         s.add_argument("--port", type=int, default=0, help="master port (0: any free port)")
+        s.add_argument(
+            "--rpc-server",
+            choices=RPC_SERVERS,
+            default="sync",
+            help="the master's gRPC server: sync (threads) or aio (an event loop answers "
+            "heartbeats, shard asks and progress reports: less CPU per node, for large jobs)",
+        )
         s.add_argument(
             "--brain",
             default="",
@@ -134,6 +142,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         master_config = MasterConfig(
             host=args.host,
             port=args.port,
+            rpc_server=args.rpc_server,
             tls_auto=args.tls,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,

@@ -26,6 +26,7 @@ from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, Job
 from master.nodes.model import ExitReason, Node
 from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
+from master.rpc.aio_server import start_aio_server
 from master.rpc.server import advertised_host, job_status_pb, start_server
 from master.state.factory import open_state_store
 
@@ -320,7 +321,8 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     if brain is not None and job.autoscaler is not None and not opts.resume:
         job.autoscaler.seed(*brain_hint(brain, spec))  # the best worker count of past runs
     observability = Observability(job, cfg.host, spec.metrics_port, tls=server_tls)
-    server, port = start_server(
+    start = start_aio_server if cfg.rpc_server == "aio" else start_server
+    server, port = start(
         job,
         cfg.host,
         cfg.port,

@@ -6,6 +6,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
+RPC_SERVERS = ("sync", "aio")
+
 
 @dataclass(frozen=True)
 class MasterConfig:
@@ -19,6 +21,9 @@ class MasterConfig:
     heartbeat_interval_seconds: float = 2.0
     # gRPC server threads, made as needed: torch agents each hold one or two in blocking calls.
     max_workers: int = 512
+    # "sync": grpc's thread-per-call server; "aio": grpc.aio, with heartbeats, shard asks and
+    # progress streams answered on its event loop (less CPU per message, no thread per stream).
+    rpc_server: str = "sync"
     # TLS: tls_auto makes a per-job CA with mutual TLS; or give the master's cert and key
     # and the CA that nodes must trust (server-side TLS only).
     tls_auto: bool = False
@@ -42,6 +47,11 @@ class MasterConfig:
         if self.max_workers < 1:
             raise ValueError(
                 f"MasterConfig.max_workers: {self.max_workers} must be at least 1. Use e.g. 128."
+            )
+        if self.rpc_server not in RPC_SERVERS:
+            raise ValueError(
+                f"MasterConfig.rpc_server: {self.rpc_server!r} is not a server kind. "
+                f"Use one of {', '.join(RPC_SERVERS)}."
             )
         if not self.state_path:
             raise ValueError(

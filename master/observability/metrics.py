@@ -8,7 +8,7 @@ checkpoints are counted as they happen.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import grpc
@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from master.config import NODE_TYPES
 from master.job.events import JobEvent
 from master.nodes.model import NodeState
-from master.rpc.rewrap import RewrapCache, rewrap
+from master.rpc.rewrap import RewrapCache, by_kind, rewrap
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -238,8 +238,12 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
             handler,
             lambda h: rewrap(
                 h,
-                unary=lambda behavior: self._timed(behavior, method),
-                stream_in=lambda behavior: self._counted(behavior, method),
+                unary=by_kind(
+                    lambda b: self._timed(b, method), lambda b: self._timed_async(b, method)
+                ),
+                stream_in=by_kind(
+                    lambda b: self._counted(b, method), lambda b: self._counted_async(b, method)
+                ),
             ),
         )
 
@@ -262,6 +266,39 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
                 child.observe(time.perf_counter() - start)
 
         return timed
+
+    def _timed_async(self, behavior: Callable, method: str) -> Callable:
+        histogram = self._histogram
+        ok = histogram.labels(method, "OK")
+
+        async def timed(request: object, context: grpc.aio.ServicerContext) -> object:
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return await behavior(request, context)
+            except BaseException:  # an abort raises asyncio's AbortError, a BaseException
+                code = _code_name(context, "UNKNOWN")
+                raise
+            finally:
+                if code == "OK":
+                    code = _code_name(context, "OK")
+                child = ok if code == "OK" else histogram.labels(method, code)
+                child.observe(time.perf_counter() - start)
+
+        return timed
+
+    def _counted_async(self, behavior: Callable, method: str) -> Callable:
+        counter = self._stream_messages.labels(method)
+
+        async def counting(requests: AsyncIterator, context: grpc.aio.ServicerContext) -> object:
+            async def each() -> AsyncIterator:
+                async for request in requests:
+                    counter.inc()
+                    yield request
+
+            return await behavior(each(), context)
+
+        return counting
 
     def _counted(self, behavior: Callable, method: str) -> Callable:
         counter = self._stream_messages.labels(method)

@@ -50,14 +50,18 @@ class CallWatch:
         self._context = context
         self._wake = wake
         self._returned = False
+        self._ended = False
         context.add_callback(self._on_end)
 
     def _on_end(self) -> None:
+        self._ended = True
         if not self._returned:
             self._wake()
 
     def is_active(self) -> bool:
-        return self._context.is_active()
+        # The aio server's context for a method run in its thread pool has no is_active().
+        is_active = getattr(self._context, "is_active", None)
+        return is_active() if is_active is not None else not self._ended
 
     def __enter__(self) -> CallWatch:
         return self

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from master.rpc.rewrap import RewrapCache, rewrap
+from master.rpc.rewrap import RewrapCache, by_kind, rewrap
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0
@@ -86,4 +86,16 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
 
             return call
 
-        return rewrap(handler, unary=limited, stream_in=limited)
+        def limited_async(behavior: Callable) -> Callable:
+            async def call(request_or_iterator: object, context: grpc.ServicerContext) -> object:
+                if not buckets.take(context.peer()):
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"more than {buckets.rate:g} requests/s from this client; slow down",
+                    )
+                return await behavior(request_or_iterator, context)
+
+            return call
+
+        wrap = by_kind(limited, limited_async)
+        return rewrap(handler, unary=wrap, stream_in=wrap)

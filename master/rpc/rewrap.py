@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import grpc
@@ -60,3 +61,22 @@ class RewrapCache:
             # A dict assignment is atomic: racing first calls both build, one entry stays.
             self._cache[key] = (handler, wrapped)
         return wrapped
+
+
+def by_kind(sync_wrap: Wrap, async_wrap: Wrap) -> Wrap:
+    """A wrap that puts `async_wrap` around coroutine behaviours (the aio server's inline
+    handlers) and `sync_wrap` around the others (which it runs in a thread pool)."""
+    return lambda b: async_wrap(b) if inspect.iscoroutinefunction(b) else sync_wrap(b)
+
+
+class AioInterceptor(grpc.aio.ServerInterceptor):
+    """A sync server interceptor (built on `rewrap` with `by_kind` wraps) on the aio server."""
+
+    def __init__(self, interceptor: grpc.ServerInterceptor) -> None:
+        self._interceptor = interceptor
+
+    async def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        return self._interceptor.intercept_service(lambda _: handler, handler_call_details)

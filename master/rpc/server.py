@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hmac
 import logging
 import socket
@@ -91,29 +92,38 @@ def _detail(error: Exception) -> str:
     return f"{text[:MAX_DETAIL_CHARS]}... ({len(text):,} characters in all)"
 
 
+def error_status(error: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The status a domain error is answered with; None for an error that is a bug."""
+    if isinstance(error, MasterResumingError):
+        return grpc.StatusCode.UNAVAILABLE, str(error)  # clients retry UNAVAILABLE
+    if isinstance(error, (StaleNodeError, StaleShardError)):
+        return grpc.StatusCode.FAILED_PRECONDITION, _detail(error)
+    if isinstance(error, UnknownDatasetError):
+        return grpc.StatusCode.NOT_FOUND, _detail(error).strip("'\"")
+    if isinstance(error, DatasetConflictError):
+        return grpc.StatusCode.ALREADY_EXISTS, _detail(error)
+    if isinstance(error, (BadReportError, ValueError)):
+        return grpc.StatusCode.INVALID_ARGUMENT, _detail(error)
+    if isinstance(error, MigrationFailedError):
+        return grpc.StatusCode.ABORTED, _detail(error)
+    if isinstance(error, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time"
+    return None
+
+
 def _guard(method: Callable) -> Callable:
     """Map domain errors to gRPC status codes, so bad requests never crash the master."""
 
+    @functools.wraps(method)
     def wrapper(self: MasterServicer, request: object, context: grpc.ServicerContext) -> object:
         try:
             return method(self, request, context)
-        except MasterResumingError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))  # clients retry UNAVAILABLE
-        except (StaleNodeError, StaleShardError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, _detail(e))
-        except UnknownDatasetError as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, _detail(e).strip("'\""))
-        except DatasetConflictError as e:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, _detail(e))
-        except (BadReportError, ValueError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(e))
-        except MigrationFailedError as e:
-            context.abort(grpc.StatusCode.ABORTED, _detail(e))
-        except TimeoutError:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time")
+        except Exception as e:
+            status = error_status(e)
+            if status is None:
+                raise
+            context.abort(*status)
 
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
     return wrapper
 
 
@@ -259,49 +269,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_guard
     def StreamProgress(self, request_iterator, context):  # noqa: N802
         """Apply a node's per-step reports in order; stale shard reports are skipped."""
-        node_id = None
-        applied = stale = 0
-        streams = self.job.progress_streams
+        stream = ProgressStreamState(self)
         try:
             for request in request_iterator:
-                node = self._node(request.node)
-                if node_id is None:
-                    node_id = node.id
-                    streams.opened(node_id)
-                elif node.id != node_id:
-                    raise ValueError("a progress stream must carry one node's reports only")
-                if request.global_step < 0:
-                    raise ValueError(f"global_step must be >= 0, got {request.global_step}")
-                self._carried_heartbeat(node, request)
-                self.job.nodes.note_progress(node, steps=request.steps)
-                skipped = 0
-                for r in request.reports:
-                    try:
-                        self.job.sharding.report(
-                            request.dataset, node.id, [(r.shard_id, r.records_consumed)]
-                        )
-                        applied += 1
-                    except StaleShardError as e:
-                        skipped += 1
-                        log.debug("skipped a stale progress report: %s", e)
-                if skipped:
-                    # After a master restart a node re-sends every shard it ever reported.
-                    log.info(
-                        "%s: skipped %d stale progress report(s) of %d (shards already ended "
-                        "or handed back)",
-                        node.name,
-                        skipped,
-                        len(request.reports),
-                    )
-                    stale += skipped
-                if request.global_step:
-                    self.job.note_global_step(request.global_step)
-                if request.HasField("loss"):
-                    self.job.note_loss(request.loss)
+                stream.apply(request)
         finally:
-            if node_id is not None:
-                streams.closed(node_id)
-        return data_pb2.ReportProgressReply(applied=applied, stale=stale)
+            stream.close()
+        return stream.reply()
 
     def _carried_heartbeat(self, node: Node, request: data_pb2.ReportProgressRequest) -> None:
         """The node's heartbeat, when its progress report carries one."""
@@ -350,6 +324,60 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 def encode_indices(indices: np.ndarray | Sequence[int]) -> bytes:
     """Record indices as little-endian int64 bytes (the wire form of Shard.record_indices)."""
     return np.asarray(indices, dtype="<i8").tobytes()
+
+
+class ProgressStreamState:
+    """One open progress stream: applies its messages in order (stale shard reports skipped)
+    and keeps the node's stream registered while it is open. Shared by both servers."""
+
+    def __init__(self, servicer: MasterServicer) -> None:
+        self._servicer = servicer
+        self._job = servicer.job
+        self.node_id: int | None = None
+        self.applied = 0
+        self.stale = 0
+
+    def apply(self, request: data_pb2.ReportProgressRequest) -> None:
+        job = self._job
+        node = self._servicer._node(request.node)
+        if self.node_id is None:
+            self.node_id = node.id
+            job.progress_streams.opened(node.id)
+        elif node.id != self.node_id:
+            raise ValueError("a progress stream must carry one node's reports only")
+        if request.global_step < 0:
+            raise ValueError(f"global_step must be >= 0, got {request.global_step}")
+        self._servicer._carried_heartbeat(node, request)
+        job.nodes.note_progress(node, steps=request.steps)
+        skipped = 0
+        for r in request.reports:
+            try:
+                job.sharding.report(request.dataset, node.id, [(r.shard_id, r.records_consumed)])
+                self.applied += 1
+            except StaleShardError as e:
+                skipped += 1
+                log.debug("skipped a stale progress report: %s", e)
+        if skipped:
+            # After a master restart a node re-sends every shard it ever reported.
+            log.info(
+                "%s: skipped %d stale progress report(s) of %d (shards already ended "
+                "or handed back)",
+                node.name,
+                skipped,
+                len(request.reports),
+            )
+            self.stale += skipped
+        if request.global_step:
+            job.note_global_step(request.global_step)
+        if request.HasField("loss"):
+            job.note_loss(request.loss)
+
+    def close(self) -> None:
+        if self.node_id is not None:
+            self._job.progress_streams.closed(self.node_id)
+
+    def reply(self) -> data_pb2.ReportProgressReply:
+        return data_pb2.ReportProgressReply(applied=self.applied, stale=self.stale)
 
 
 def ledger_pb(data: dict) -> data_pb2.LedgerSnapshot:
@@ -411,6 +439,34 @@ def pending_call_options(max_workers: int) -> list[tuple[str, int]]:
     ]
 
 
+def server_options(max_workers: int) -> list[tuple[str, int]]:
+    """The options both servers are built with."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+        # Nodes ping every 2 s so a stream to a master that died is noticed in seconds.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        *pending_call_options(max_workers),
+    ]
+
+
+def bind_port(server: grpc.Server, host: str, port: int, tls: ServerTLS | None) -> int:
+    """Listen on host:port (TLS only with `tls`); the port bound, or OSError when taken."""
+    try:
+        if tls is not None:
+            bound = server.add_secure_port(f"{host}:{port}", tls.credentials())
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc >= 1.60 raises where older releases returned 0
+        bound = 0
+    if bound == 0:
+        raise OSError(errno.EADDRINUSE, f"cannot listen on {host}:{port}; choose another --port")
+    return bound
+
+
 def start_server(
     job: JobMaster,
     host: str,
@@ -432,16 +488,7 @@ def start_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=[*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)],
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-            # Nodes ping every 2 s so a stream to a master that died is noticed in seconds.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
-            ("grpc.http2.max_ping_strikes", 0),
-            *pending_call_options(max_workers),
-        ],
+        options=server_options(max_workers),
     )
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
     # Imported here to keep this change inside start_server (server.py has other owners).
@@ -453,15 +500,7 @@ def start_server(
 
     add_rendezvous_service(server, job.rendezvous, node_check)
     add_kv_service(server, job.kv, node_check)
-    try:
-        if tls is not None:
-            bound = server.add_secure_port(f"{host}:{port}", tls.credentials())
-        else:
-            bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError:  # grpc >= 1.60 raises where older releases returned 0
-        bound = 0
-    if bound == 0:
-        raise OSError(errno.EADDRINUSE, f"cannot listen on {host}:{port}; choose another --port")
+    bound = bind_port(server, host, port, tls)
     server.start()
     log.info("master listening on %s:%d%s", host, bound, " (TLS)" if tls else "")
     return server, bound

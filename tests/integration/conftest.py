@@ -10,6 +10,7 @@ from master.client import MasterClient, NodeIdentity
 from master.config import parse_job_spec
 from master.job.master import JobMaster, JobRuntime
 from master.platform.local import LocalPlatform
+from master.rpc.aio_server import start_aio_server
 from master.rpc.server import start_server
 from master.state.sqlite import SQLiteStateStore
 
@@ -26,8 +27,9 @@ class Harness:
         return MasterClient(self.addr, token, self.nodes[i], **kw)
 
 
-@pytest.fixture
-def harness(tmp_path):
+@pytest.fixture(params=["sync", "aio"])
+def harness(tmp_path, request):
+    """Both servers (`rpc_server`) serve the same calls with the same answers."""
     spec = parse_job_spec(
         {"name": "harness", "command": ["true"], "worker": {"replicas": 4}},
         source="test",
@@ -41,7 +43,8 @@ def harness(tmp_path):
         node = job.nodes.new_incarnation("worker", rank, 0, 0)
         job.nodes.mark_running(node.id, platform.address_for("worker", rank), "")
         nodes.append(NodeIdentity("worker", rank, node.id))
-    server, port = start_server(job, "127.0.0.1", 0, TOKEN, 32, 1000)
+    start = start_aio_server if request.param == "aio" else start_server
+    server, port = start(job, "127.0.0.1", 0, TOKEN, 32, 1000)
     yield Harness(job, f"127.0.0.1:{port}", nodes)
     server.stop(grace=0).wait()
     job.sharding.close()

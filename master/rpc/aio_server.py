@@ -1,0 +1,211 @@
+"""The master's services on a `grpc.aio` server (`rpc_server: aio`).
+
+The calls every node makes all the time (heartbeats, shard asks, progress stream messages) run
+on the server's event loop: their handler work is short and in memory (a shard's grant or end
+is one state-store write), so they cost no hand-off between a polling thread and a pool thread
+and hold no thread per open stream. Every other call, and a shard ask that must wait, runs the
+sync servicer's method in a thread pool, as the sync server does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future
+
+import grpc
+
+from master.client.tls import ServerTLS
+from master.job.master import JobMaster
+from master.pb import common_pb2, data_pb2, master_pb2_grpc
+from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
+from master.rpc.rewrap import AioInterceptor
+from master.rpc.server import (
+    MAX_WAIT_MS,
+    MasterServicer,
+    ProgressStreamState,
+    TokenInterceptor,
+    bind_port,
+    check_node,
+    error_status,
+    server_options,
+)
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_SECONDS = 30.0
+
+
+class _Aborted(Exception):
+    """A sync handler's abort, run inline, carried to the aio context's own abort."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _InlineContext:
+    """What the sync handlers use of their context, for one run on the event loop."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+class AioMasterServicer(MasterServicer):
+    """The Master service with its hot calls as coroutines on the event loop."""
+
+    async def _inline(self, method: Callable, request: object, context: grpc.ServicerContext):
+        """Run the sync servicer's `method` (unguarded) here; domain errors become statuses."""
+        try:
+            return method(self, request, _InlineContext())
+        except _Aborted as a:
+            await context.abort(a.code, a.details)
+        except Exception as e:
+            status = error_status(e)
+            if status is None:
+                raise
+            await context.abort(*status)
+
+    async def Heartbeat(self, request, context):  # noqa: N802
+        return await self._inline(MasterServicer.Heartbeat.__wrapped__, request, context)
+
+    async def GetShard(self, request, context):  # noqa: N802
+        if not 0 < request.wait_ms <= MAX_WAIT_MS:  # no wait, or refused as out of range
+            return await self._inline(MasterServicer.GetShard.__wrapped__, request, context)
+        # First without waiting (the common case: a shard is there); only a wait takes a thread.
+        now = data_pb2.GetShardRequest()
+        now.CopyFrom(request)
+        now.wait_ms = 0
+        reply = await self._inline(MasterServicer.GetShard.__wrapped__, now, context)
+        if reply.status != data_pb2.GetShardReply.PENDING:
+            return reply
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                None, MasterServicer.GetShard.__wrapped__, self, request, _InlineContext()
+            )
+        except _Aborted as a:
+            await context.abort(a.code, a.details)
+        except Exception as e:
+            status = error_status(e)
+            if status is None:
+                raise
+            await context.abort(*status)
+
+    async def StreamProgress(self, request_iterator: AsyncIterator, context):  # noqa: N802
+        stream = ProgressStreamState(self)
+        try:
+            async for request in request_iterator:
+                stream.apply(request)
+        except Exception as e:
+            status = error_status(e)
+            if status is None:
+                raise
+            await context.abort(*status)
+        finally:
+            stream.close()
+        return stream.reply()
+
+
+class AioServer:
+    """A running aio server on its own event-loop thread, stopped as a sync server is:
+    `stop(grace)` returns something whose `wait()` returns once it has stopped."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, build: Callable[[], grpc.aio.Server], pool_threads: int) -> None:
+        """Start the loop thread and the server `build` makes on it; raises what building or
+        starting raised."""
+        started: Future = Future()
+
+        async def start() -> None:
+            self.server = build()
+            await self.server.start()
+
+        def loop_thread() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.set_default_executor(
+                futures.ThreadPoolExecutor(pool_threads, thread_name_prefix="rpc-wait")
+            )
+            try:
+                self.loop.run_until_complete(start())
+            except BaseException as e:
+                started.set_exception(e)
+                return
+            started.set_result(None)
+            self.loop.run_forever()  # until stop() has stopped the server
+
+        self._thread = threading.Thread(target=loop_thread, name="rpc-loop", daemon=True)
+        self._thread.start()
+        started.result(START_TIMEOUT_SECONDS)
+
+    def stop(self, grace: float | None) -> _Waitable:
+        """Stop the server (calls still running get `grace` seconds), then its loop."""
+        assert self.server is not None
+        stopped = asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
+        stopped.add_done_callback(lambda _: self.loop.call_soon_threadsafe(self.loop.stop))
+        return _Waitable(stopped)
+
+
+class _Waitable:
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self._future.result(timeout)
+        except futures.TimeoutError:
+            return False
+        return True
+
+
+def start_aio_server(
+    job: JobMaster,
+    host: str,
+    port: int,
+    token: str,
+    max_workers: int,
+    heartbeat_interval_ms: int,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    tls: ServerTLS | None = None,
+    requests_per_second: float = DEFAULT_RATE_PER_SECOND,
+) -> tuple[AioServer, int]:
+    """`master.rpc.server.start_server` on a `grpc.aio` server: the same services, checks and
+    interceptors (sync interceptors built on `rewrap`); `max_workers` threads run the calls
+    that do not run on the event loop."""
+    buckets = TokenBuckets(requests_per_second, 2 * requests_per_second)
+    handle = AioServer()
+    bound = [0]
+
+    def build() -> grpc.aio.Server:
+        chain = [*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)]
+        server = grpc.aio.server(
+            migration_thread_pool=futures.ThreadPoolExecutor(
+                max_workers=max_workers, thread_name_prefix="rpc"
+            ),
+            interceptors=[AioInterceptor(i) for i in chain],
+            options=server_options(max_workers),
+        )
+        master_pb2_grpc.add_MasterServicer_to_server(
+            AioMasterServicer(job, heartbeat_interval_ms), server
+        )
+        from master.rpc.kv_servicer import add_kv_service
+        from master.rpc.rendezvous_servicer import add_rendezvous_service
+
+        def node_check(ref: common_pb2.NodeRef) -> None:
+            check_node(job, ref)
+
+        add_rendezvous_service(server, job.rendezvous, node_check)
+        add_kv_service(server, job.kv, node_check)
+        bound[0] = bind_port(server, host, port, tls)
+        return server
+
+    handle.run(build, max_workers)
+    log.info("master listening on %s:%d (grpc.aio)%s", host, bound[0], " (TLS)" if tls else "")
+    return handle, bound[0]
