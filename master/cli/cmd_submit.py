@@ -53,9 +53,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         s.add_argument(
             "--rpc-server",
             choices=RPC_SERVERS,
-            default="sync",
-            help="the master's gRPC server: sync (threads) or aio (an event loop answers "
-            "heartbeats, shard asks and progress reports: less CPU per node, for large jobs)",
+            default="aio",
+            help="the master's gRPC server: aio (default: an event loop answers heartbeats, "
+            "shard asks and progress reports) or sync (a thread per call and per stream)",
         )
         s.add_argument(
             "--brain",

@@ -21,9 +21,9 @@ class MasterConfig:
     heartbeat_interval_seconds: float = 2.0
     # gRPC server threads, made as needed: torch agents each hold one or two in blocking calls.
     max_workers: int = 512
-    # "sync": grpc's thread-per-call server; "aio": grpc.aio, with heartbeats, shard asks and
-    # progress streams answered on its event loop (less CPU per message, no thread per stream).
-    rpc_server: str = "sync"
+    # "aio": grpc.aio, with heartbeats, shard asks and progress streams answered on its event
+    # loop (less CPU per message, no thread per stream); "sync": grpc's thread-per-call server.
+    rpc_server: str = "aio"
     # TLS: tls_auto makes a per-job CA with mutual TLS; or give the master's cert and key
     # and the CA that nodes must trust (server-side TLS only).
     tls_auto: bool = False
