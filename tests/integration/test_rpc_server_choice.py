@@ -1,4 +1,5 @@
-"""A whole local job on the grpc.aio server (`--rpc-server aio`): the same guarantees."""
+"""`--rpc-server`: a whole local job on the thread server (`sync`; the default `aio` runs every
+other job test) keeps the same guarantees, and a wrong value is one clear error."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import subprocess
 from tests.integration.test_local_job import DLROVER, submit, trained_counts, write_job
 
 
-def test_a_worker_killed_on_the_aio_server_loses_no_record(tmp_path):
+def test_a_worker_killed_on_the_sync_server_loses_no_record(tmp_path):
     job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.02"})
-    proc, summary = submit(job, tmp_path, "--rpc-server", "aio", "--kill", "worker:1@40%")
+    proc, summary = submit(job, tmp_path, "--rpc-server", "sync", "--kill", "worker:1@40%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary["status"] == "succeeded"
     d = summary["datasets"]["train"]
