@@ -378,7 +378,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--server",
         choices=("sync", "aio"),
-        default="sync",
+        default="aio",
         help="the master's gRPC server (MasterConfig.rpc_server, `--rpc-server`)",
     )
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")

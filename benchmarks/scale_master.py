@@ -51,7 +51,7 @@ def simulated_platform():
 
 
 def master_main(
-    conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "sync"
+    conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "aio"
 ) -> None:
     """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
 
