@@ -77,12 +77,15 @@ from anchor_sharding import DLRoverPhase, DLRoverShardPhases  # noqa: E402
 # -- servers (each in its own process) -------------------------------------------------------
 
 
-def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, str, list[int]]:
+def _start_master(
+    tmp_dir: str, workers: int, server_kind: str
+) -> tuple[Callable[[], None], int, str, list[int]]:
     """A JobMaster as `dlrover submit` builds it, without job.run(): no node is launched."""
     from master.config import parse_job_spec
     from master.job.master import JobMaster, JobRuntime
     from master.observability.metrics import JobMetrics
     from master.platform.local import LocalPlatform
+    from master.rpc.aio_server import start_aio_server
     from master.rpc.server import start_server
     from master.state.sqlite import SQLiteStateStore
 
@@ -104,7 +107,8 @@ def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, 
     # As `dlrover submit`: the RPC timing interceptor (Observability) before the rate limit and
     # the token check. The rate limit checks every call, at a rate one simulated node here never
     # reaches (one client alone makes more calls per second than a real node's 500/s budget).
-    server, port = start_server(
+    start = start_aio_server if server_kind == "aio" else start_server
+    server, port = start(
         job,
         "127.0.0.1",
         0,
@@ -125,9 +129,10 @@ def _start_master(tmp_dir: str, workers: int) -> tuple[Callable[[], None], int, 
     return stop, port, token, node_ids
 
 
-def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
-    """The Master service's shard methods on a bare gRPC server, answering without any work:
-    GetShard a pre-encoded shard of RECORDS_PER_SHARD records, the progress calls nothing."""
+def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[int]]:
+    """The Master service's shard methods on a bare gRPC server of `server_kind` (the master's),
+    answering without any work: GetShard a pre-encoded shard of RECORDS_PER_SHARD records, the
+    progress calls nothing."""
     from concurrent import futures
 
     import grpc
@@ -157,6 +162,40 @@ def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
             pass
         return b""
 
+    async def get_shard_async(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return shard_reply
+
+    async def report_async(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b""
+
+    async def stream_async(requests, context: grpc.aio.ServicerContext) -> bytes:
+        async for _ in requests:
+            pass
+        return b""
+
+    if server_kind == "aio":
+        from master.rpc.aio_server import AioServer
+        from master.rpc.server import server_options
+
+        aio_handler = grpc.method_handlers_generic_handler(
+            "dlrover.v1.Master",
+            {
+                "GetShard": grpc.unary_unary_rpc_method_handler(get_shard_async),
+                "ReportProgress": grpc.unary_unary_rpc_method_handler(report_async),
+                "StreamProgress": grpc.stream_unary_rpc_method_handler(stream_async),
+            },
+        )
+        bound = [0]
+
+        def build() -> grpc.aio.Server:
+            aio = grpc.aio.server(handlers=[aio_handler], options=server_options(SERVER_THREADS))
+            bound[0] = aio.add_insecure_port("127.0.0.1:0")
+            return aio
+
+        handle = AioServer()
+        handle.run(build, 4)
+        return (lambda: handle.stop(0).wait()), bound[0], "", []
+
     handler = grpc.method_handlers_generic_handler(
         "dlrover.v1.Master",
         {
@@ -185,7 +224,9 @@ def _start_echo() -> tuple[Callable[[], None], int, str, list[int]]:
     return (lambda: server.stop(grace=0).wait()), port, "", []
 
 
-def _server_main(conn: multiprocessing.connection.Connection, kind: str, tmp_dir: str) -> None:
+def _server_main(
+    conn: multiprocessing.connection.Connection, kind: str, tmp_dir: str, server_kind: str
+) -> None:
     """Entry of a server process: start, report (port, token, node ids), serve until told to stop.
 
     Any message from the parent, or the parent going away (EOF on the pipe), stops the server."""
@@ -193,9 +234,9 @@ def _server_main(conn: multiprocessing.connection.Connection, kind: str, tmp_dir
     logging.basicConfig(level=logging.WARNING, format=f"[{kind}] %(levelname)s %(message)s")
     try:
         if kind == "master":
-            stop, port, token, node_ids = _start_master(tmp_dir, WORKER_REPLICAS)
+            stop, port, token, node_ids = _start_master(tmp_dir, WORKER_REPLICAS, server_kind)
         else:
-            stop, port, token, node_ids = _start_echo()
+            stop, port, token, node_ids = _start_echo(server_kind)
     except BaseException as e:
         conn.send(("error", f"{kind} server did not start: {e!r}"))
         raise
@@ -718,6 +759,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", default="1,16,64", help="comma-separated client counts")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
+    p.add_argument(
+        "--server",
+        choices=("aio", "sync"),
+        default="aio",
+        help="gRPC server of the master and of the echo (the master's --rpc-server)",
+    )
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per phase")
     p.add_argument(
         "--steps-per-shard",
@@ -769,9 +816,9 @@ def main(argv: list[str] | None = None) -> int:
                 dlrover = DLRoverShardPhases(
                     os.path.join(tmp, "dlrover-master.log"), CLIENT_PROCESSES
                 )
-            master = _Child(ctx, "master", _server_main, "master", tmp)
+            master = _Child(ctx, "master", _server_main, "master", tmp, args.server)
             children.append(master)
-            echo = _Child(ctx, "echo", _server_main, "echo", tmp)
+            echo = _Child(ctx, "echo", _server_main, "echo", tmp, args.server)
             children.append(echo)
             client_procs = [
                 _Child(ctx, f"clients-{i}", _client_main) for i in range(CLIENT_PROCESSES)
@@ -837,6 +884,7 @@ def main(argv: list[str] | None = None) -> int:
             if dlrover is not None:
                 dlrover.stop()
     doc = build_results(measured, args.steps_per_shard, args.modes)
+    doc["rpc_server"] = args.server
     if not args.json_only:
         print_table(doc, args.seconds)
     print(json.dumps(doc), flush=True)
