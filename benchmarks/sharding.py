@@ -137,9 +137,8 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
 
     import grpc
 
-    from master.client import MAX_MESSAGE_BYTES
     from master.pb import data_pb2
-    from master.rpc.server import encode_indices
+    from master.rpc.server import encode_indices, server_options
 
     shard_reply = data_pb2.GetShardReply(
         status=data_pb2.GetShardReply.SHARD,
@@ -175,7 +174,6 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
 
     if server_kind == "aio":
         from master.rpc.aio_server import AioServer
-        from master.rpc.server import server_options
 
         aio_handler = grpc.method_handlers_generic_handler(
             "dlrover.v1.Master",
@@ -207,15 +205,7 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="rpc"),
         handlers=[handler],
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-            # As the master's server: MasterClient pings every 2 s, also without calls.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
-            ("grpc.http2.max_ping_strikes", 0),
-        ],
+        options=server_options(SERVER_THREADS),  # as the master's server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     if port == 0:

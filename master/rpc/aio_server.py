@@ -19,7 +19,7 @@ import grpc
 
 from master.client.tls import ServerTLS
 from master.job.master import JobMaster
-from master.pb import common_pb2, data_pb2, master_pb2_grpc
+from master.pb import data_pb2
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.rpc.rewrap import AioInterceptor
 from master.rpc.server import (
@@ -27,8 +27,8 @@ from master.rpc.server import (
     MasterServicer,
     ProgressStreamState,
     TokenInterceptor,
+    add_services,
     bind_port,
-    check_node,
     error_status,
     server_options,
 )
@@ -54,6 +54,16 @@ class _InlineContext:
         raise _Aborted(code, details)
 
 
+async def _answer_error(context: grpc.ServicerContext, error: Exception) -> None:
+    """Answer a domain error (or a sync handler's abort) with its status; a bug is raised."""
+    if isinstance(error, _Aborted):
+        await context.abort(error.code, error.details)
+    status = error_status(error)
+    if status is None:
+        raise error
+    await context.abort(*status)
+
+
 class AioMasterServicer(MasterServicer):
     """The Master service with its hot calls as coroutines on the event loop."""
 
@@ -61,13 +71,8 @@ class AioMasterServicer(MasterServicer):
         """Run the sync servicer's `method` (unguarded) here; domain errors become statuses."""
         try:
             return method(self, request, _InlineContext())
-        except _Aborted as a:
-            await context.abort(a.code, a.details)
         except Exception as e:
-            status = error_status(e)
-            if status is None:
-                raise
-            await context.abort(*status)
+            await _answer_error(context, e)
 
     async def Heartbeat(self, request, context):  # noqa: N802
         return await self._inline(MasterServicer.Heartbeat.__wrapped__, request, context)
@@ -87,13 +92,8 @@ class AioMasterServicer(MasterServicer):
             return await loop.run_in_executor(
                 None, MasterServicer.GetShard.__wrapped__, self, request, _InlineContext()
             )
-        except _Aborted as a:
-            await context.abort(a.code, a.details)
         except Exception as e:
-            status = error_status(e)
-            if status is None:
-                raise
-            await context.abort(*status)
+            await _answer_error(context, e)
 
     async def StreamProgress(self, request_iterator: AsyncIterator, context):  # noqa: N802
         stream = ProgressStreamState(self)
@@ -101,10 +101,7 @@ class AioMasterServicer(MasterServicer):
             async for request in request_iterator:
                 stream.apply(request)
         except Exception as e:
-            status = error_status(e)
-            if status is None:
-                raise
-            await context.abort(*status)
+            await _answer_error(context, e)
         finally:
             stream.close()
         return stream.reply()
@@ -192,17 +189,7 @@ def start_aio_server(
             interceptors=[AioInterceptor(i) for i in chain],
             options=server_options(max_workers),
         )
-        master_pb2_grpc.add_MasterServicer_to_server(
-            AioMasterServicer(job, heartbeat_interval_ms), server
-        )
-        from master.rpc.kv_servicer import add_kv_service
-        from master.rpc.rendezvous_servicer import add_rendezvous_service
-
-        def node_check(ref: common_pb2.NodeRef) -> None:
-            check_node(job, ref)
-
-        add_rendezvous_service(server, job.rendezvous, node_check)
-        add_kv_service(server, job.kv, node_check)
+        add_services(server, AioMasterServicer(job, heartbeat_interval_ms))
         bound[0] = bind_port(server, host, port, tls)
         return server
 

@@ -467,6 +467,21 @@ def bind_port(server: grpc.Server, host: str, port: int, tls: ServerTLS | None) 
     return bound
 
 
+def add_services(server: grpc.Server | grpc.aio.Server, servicer: MasterServicer) -> None:
+    """The Master service (`servicer`) and its job's Rendezvous and KV services."""
+    from master.rpc.kv_servicer import add_kv_service
+    from master.rpc.rendezvous_servicer import add_rendezvous_service
+
+    job = servicer.job
+
+    def node_check(ref: common_pb2.NodeRef) -> None:
+        check_node(job, ref)
+
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    add_rendezvous_service(server, job.rendezvous, node_check)
+    add_kv_service(server, job.kv, node_check)
+
+
 def start_server(
     job: JobMaster,
     host: str,
@@ -490,16 +505,7 @@ def start_server(
         interceptors=[*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)],
         options=server_options(max_workers),
     )
-    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(job, heartbeat_interval_ms), server)
-    # Imported here to keep this change inside start_server (server.py has other owners).
-    from master.rpc.kv_servicer import add_kv_service
-    from master.rpc.rendezvous_servicer import add_rendezvous_service
-
-    def node_check(ref: common_pb2.NodeRef) -> None:
-        check_node(job, ref)
-
-    add_rendezvous_service(server, job.rendezvous, node_check)
-    add_kv_service(server, job.kv, node_check)
+    add_services(server, MasterServicer(job, heartbeat_interval_ms))
     bound = bind_port(server, host, port, tls)
     server.start()
     log.info("master listening on %s:%d%s", host, bound, " (TLS)" if tls else "")
