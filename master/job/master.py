@@ -391,6 +391,7 @@ class JobMaster(
         raw = self.store.get(JOB_TABLE, AUTOSCALE_KEY)
         if raw is not None and self.autoscaler is not None:
             self.autoscaler.restore(json.loads(raw))
+        self.nodes.restart_liveness_clocks()
         self.resuming = False
         self._emit(
             "master_restarted",

@@ -92,6 +92,18 @@ class NodeManager:
                 self._next_id = max(self._next_id, node.id + 1)
             return [self._by_id[i] for i in self._current.values()]
 
+    def restart_liveness_clocks(self) -> None:
+        """Every live node's heartbeat and progress clocks start now: a restarted master calls
+        this once it has adopted them, so adoption's time (seconds on a loaded Ray cluster)
+        does not count against the nodes' first beat to it."""
+        now = time.monotonic()
+        with self._lock:
+            for node_id in self._current.values():
+                node = self._by_id[node_id]
+                if not node.state.ended:
+                    node.last_heartbeat = max(node.last_heartbeat, now)
+                    node.last_progress = max(node.last_progress, now)
+
     def new_incarnation(self, node_type: str, rank: int, relaunches: int, memory_mb: int) -> Node:
         """Allocate a new id for (type, rank); the previous incarnation becomes stale."""
         with self._lock:

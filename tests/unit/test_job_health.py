@@ -13,7 +13,7 @@ from master.job.health import (
     straggler_verdicts,
 )
 from master.nodes.manager import STEP_SAMPLES, NodeManager
-from master.nodes.model import Node, NodeState
+from master.nodes.model import ExitReason, Node, NodeState
 from master.state.sqlite import SQLiteStateStore
 
 R = NodeState.RUNNING
@@ -138,3 +138,24 @@ def test_a_lapsed_rendezvous_lease_is_logged_with_what_the_node_does(caplog):
     with caplog.at_level("WARNING"):
         run.advance(11.0, lambda key: f"{key[0]}-{key[1]} is busy")
     assert "worker-0 lost (silent > 10.0s; worker-0 is busy): round 1 is broken" in caplog.text
+
+
+def test_a_restarted_master_counts_a_nodes_silence_from_the_end_of_its_adoption():
+    import time
+
+    store = SQLiteStateStore(":memory:")
+    before = NodeManager(store)
+    node = before.new_incarnation("worker", 1, 0, 0)
+    before.mark_running(node.id, "127.0.0.1:2222", "")
+    before.mark_exited(before.new_incarnation("worker", 0, 0, 0).id, 0, ExitReason.SUCCEEDED)
+    after = NodeManager(store)
+    [running, ended] = sorted(after.restore(), key=lambda n: -n.rank)
+    # It registered with the new master, whose adoption took longer than the timeout (a loaded
+    # Ray cluster): seen as silent.
+    running.registered = True
+    running.last_heartbeat = running.last_progress = ended.last_heartbeat = 1.0
+    assert heartbeat_verdicts([running], now=time.monotonic(), timeout=3.0)
+    after.restart_liveness_clocks()
+    assert heartbeat_verdicts([running], now=time.monotonic(), timeout=3.0) == []
+    assert running.last_progress >= running.last_heartbeat > 1.0
+    assert ended.last_heartbeat == 1.0  # an ended incarnation is left as it was
