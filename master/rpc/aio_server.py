@@ -38,26 +38,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_SECONDS = 30.0
 
 
-class _Aborted(Exception):
-    """A sync handler's abort, run inline, carried to the aio context's own abort."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
-class _InlineContext:
-    """What the sync handlers use of their context, for one run on the event loop."""
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Aborted(code, details)
-
-
 async def _answer_error(context: grpc.ServicerContext, error: Exception) -> None:
-    """Answer a domain error (or a sync handler's abort) with its status; a bug is raised."""
-    if isinstance(error, _Aborted):
-        await context.abort(error.code, error.details)
+    """Answer a domain error with its status; a bug is raised."""
     status = error_status(error)
     if status is None:
         raise error
@@ -68,9 +50,10 @@ class AioMasterServicer(MasterServicer):
     """The Master service with its hot calls as coroutines on the event loop."""
 
     async def _inline(self, method: Callable, request: object, context: grpc.ServicerContext):
-        """Run the sync servicer's `method` (unguarded) here; domain errors become statuses."""
+        """Run the sync servicer's `method` (unguarded: its body never uses the context) here;
+        domain errors become statuses."""
         try:
-            return method(self, request, _InlineContext())
+            return method(self, request, context)
         except Exception as e:
             await _answer_error(context, e)
 
@@ -90,7 +73,7 @@ class AioMasterServicer(MasterServicer):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                None, MasterServicer.GetShard.__wrapped__, self, request, _InlineContext()
+                None, MasterServicer.GetShard.__wrapped__, self, request, context
             )
         except Exception as e:
             await _answer_error(context, e)
