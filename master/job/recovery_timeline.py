@@ -62,6 +62,9 @@ class RecoveryTimeline:
     phases: dict[str, float] = field(default_factory=dict)
     restored_step: int | None = None
     standby: bool = False  # the replacement was a standby promoted
+    # A job start whose trainers step with no restore report (no TF chief: a custom loop on
+    # the built-in PS): training runs, though the timeline waits for a restore to finish.
+    stepped: bool = False
 
     def mark(self, phase: str, at: float | None = None) -> bool:
         """Stamp `phase` (the first stamp wins); whether this one counted."""
@@ -140,7 +143,7 @@ class RecoveryTimelineMixin:
         """A recovery (or the job's start) has not reached its first step yet."""
         with self._timeline_lock:
             t = self._timeline
-            return t is not None and not t.expired(time.time())
+            return t is not None and not t.stepped and not t.expired(time.time())
 
     def _mark_phase(self, phase: str, at: float | None = None, **facts: Any) -> None:
         """Stamp a phase of the open timeline, if any."""
@@ -182,6 +185,8 @@ class RecoveryTimelineMixin:
         """A step was reported: the first one after the restore ends the open timeline."""
         with self._timeline_lock:
             t = self._timeline
+            if t is not None and t.kind == JOB_START and step > 0:
+                t.stepped = True
             if t is None or t.restored_step is None or step <= t.restored_step:
                 return
             t.mark("first_step")

@@ -28,6 +28,7 @@ from master.job.ps_standby import (
     standby_wanted,
 )
 from master.job.recovery_timeline import (
+    JOB_START,
     PS_FAILURE,
     RecoveryTimeline,
     RecoveryTimelineMixin,
@@ -113,6 +114,26 @@ def test_a_recovery_ends_at_the_first_step_after_the_restore_and_is_emitted_once
         "first_step",
     ]
     assert details["phases"]["ps_serving"] == pytest.approx(0.3)
+
+
+def test_a_job_start_without_a_restore_report_ends_its_recovery_at_the_first_step():
+    # Trainers on the built-in PS without a TF chief (a custom loop) never report a restore:
+    # their first step still means training runs, so the first standby need not wait.
+    job = _Job()
+    job._open_timeline(JOB_START, "")
+    assert job._recovering()
+    job._timeline_on_step(0)
+    assert job._recovering()
+    job._timeline_on_step(1)
+    assert not job._recovering()
+    assert job.events == []  # no restore: nothing to time
+    # A PS failure is a recovery until the step past its restore, whatever was stepped before.
+    job._open_timeline(PS_FAILURE, "ps-0")
+    job._timeline_on_step(40)
+    assert job._recovering()
+    job._timeline_on_restore(30)
+    job._timeline_on_step(31)
+    assert not job._recovering()
 
 
 def test_a_stale_timeline_is_dropped():
