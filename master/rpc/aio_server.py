@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future
+from typing import Any
 
 import grpc
 
@@ -32,6 +33,7 @@ from master.rpc.server import (
     error_status,
     server_options,
 )
+from master.sharding.group_commit import GroupCommitter
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +51,31 @@ async def _answer_error(context: grpc.ServicerContext, error: Exception) -> None
 class AioMasterServicer(MasterServicer):
     """The Master service with its hot calls as coroutines on the event loop."""
 
+    def __init__(self, job: JobMaster, heartbeat_interval_ms: int) -> None:
+        super().__init__(job, heartbeat_interval_ms)
+        self.commits = GroupCommitter(job.sharding)
+
     async def _inline(self, method: Callable, request: object, context: grpc.ServicerContext):
-        """Run the sync servicer's `method` (unguarded: its body never uses the context) here;
-        domain errors become statuses."""
+        """Run the sync servicer's `method` (unguarded: its body never uses the context) here,
+        its ledger writes group-committed; domain errors become statuses."""
         try:
-            return method(self, request, context)
+            return await self._durably(method, self, request, context)
         except Exception as e:
             await _answer_error(context, e)
+
+    async def _durably(self, fn: Callable, *args: object) -> Any:
+        """fn(*args) with the shard grants and ends it makes stored before it returns."""
+        error: Exception | None = None
+        with self.job.sharding.deferred_commits() as pending:
+            try:
+                result = fn(*args)
+            except Exception as e:  # what it changed before failing is stored all the same
+                error = e
+        if pending:
+            await self.commits.durable(pending)
+        if error is not None:
+            raise error
+        return result
 
     async def Heartbeat(self, request, context):  # noqa: N802
         return await self._inline(MasterServicer.Heartbeat.__wrapped__, request, context)
@@ -82,7 +102,7 @@ class AioMasterServicer(MasterServicer):
         stream = ProgressStreamState(self)
         try:
             async for request in request_iterator:
-                stream.apply(request)
+                await self._durably(stream.apply, request)
         except Exception as e:
             await _answer_error(context, e)
         finally:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -126,6 +128,7 @@ class ShardingService:
         self._closed = threading.Event()
         # Node incarnations that ended: never granted a shard again (ids are per incarnation).
         self._retired: set[int] = set()
+        self._deferring = threading.local()  # .pending: the commits a caller makes itself
         leases: dict[str, list[dict]] = {}
         for key, raw in store.scan(LEASE_TABLE).items():
             leases.setdefault(key.rpartition("/")[0], []).append(json.loads(raw))
@@ -360,8 +363,25 @@ class ShardingService:
                 )
         return out
 
+    @contextlib.contextmanager
+    def deferred_commits(self) -> Iterator[list[tuple[_Entry, int]]]:
+        """Inside, this thread's shard grants and ends do not write: each leaves its
+        (entry, version) in the yielded list, and the caller must make them durable
+        (`commit`, or `master.sharding.group_commit`) before it answers the node."""
+        pending: list[tuple[_Entry, int]] = []
+        self._deferring.pending = pending
+        try:
+            yield pending
+        finally:
+            self._deferring.pending = None
+
+    def commit(self, entry: _Entry, version: int | None = None) -> None:
+        """Make the ledger durable as of `version` (default: every change so far)."""
+        self._commit(entry, entry.version if version is None else version)
+
     def _commit(self, entry: _Entry, version: int) -> None:
-        """Return once the store holds the ledger as of `version` (or later).
+        """Return once the store holds the ledger as of `version` (or later); inside
+        `deferred_commits`, note it for the caller instead.
 
         Group commit: one thread at a time writes the ledger as it is then, which covers every
         change made so far; the threads that wait meanwhile are woken together once it is
@@ -369,6 +389,10 @@ class ShardingService:
         each hand-off of a lock costs a context switch). Alone, a call costs one write.
         """
         if entry.durable >= version:
+            return
+        pending = getattr(self._deferring, "pending", None)
+        if pending is not None:
+            pending.append((entry, version))
             return
         with entry.durable_cond:
             while entry.durable < version:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -12,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from master.sharding.group_commit import GroupCommitter
 from master.sharding.ledger import DatasetLedger, DatasetSpec
-from master.sharding.service import LEASE_TABLE, LEDGER_TABLE, ShardingService, ShardStatus
+from master.sharding.service import (
+    LEASE_TABLE,
+    LEDGER_TABLE,
+    ShardGrant,
+    ShardingService,
+    ShardStatus,
+)
 from master.state.api import StateStoreError
 from master.state.sqlite import SQLiteStateStore
 
@@ -209,4 +217,82 @@ def test_a_store_without_a_transaction_limit_gets_only_the_changed_rows(path: Pa
     held = svc.get_shard("ds", holder=7, request_id=2).shard
     assert "doing" not in json.loads(store.get(LEDGER_TABLE, "ds"))
     assert reopened(path)._datasets["ds"].ledger.held_by(7) == [held]
+    svc.close()
+
+
+# -- deferred commits, made durable from an event loop (the aio server) ----------------------
+
+
+def test_deferred_grants_and_ends_are_stored_only_when_the_caller_commits(path: Path) -> None:
+    svc = ShardingService(SQLiteStateStore(str(path)), flush_seconds=3600)
+    svc.create(SPEC)
+    with svc.deferred_commits() as pending:
+        grant = svc.get_shard("ds", holder=7, request_id=1)
+    assert grant.status == ShardStatus.SHARD
+    assert len(pending) == 1
+    assert reopened(path)._datasets["ds"].ledger.held_by(7) == []  # not stored yet
+    entry, version = pending[0]
+    svc.commit(entry, version)
+    assert reopened(path)._datasets["ds"].ledger.held_by(7) == [grant.shard]
+    # Outside the block, calls write as before.
+    svc.report("ds", 7, [(grant.shard.shard_id, grant.shard.size)])
+    assert reopened(path)._datasets["ds"].ledger.records_done == grant.shard.size
+    svc.close()
+
+
+def test_group_committer_stores_every_waiters_change_in_fewer_writes(path: Path) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    committer = GroupCommitter(svc)
+    store.gate = threading.Event()  # the first write waits while the other grants are made
+    before = store.commits
+
+    async def ask(holder: int) -> ShardGrant:
+        with svc.deferred_commits() as pending:
+            grant = svc.get_shard("ds", holder=holder, request_id=1)
+        await committer.durable(pending)
+        return grant
+
+    async def main() -> list[ShardGrant]:
+        first = asyncio.ensure_future(ask(1))
+        await asyncio.sleep(0)  # the first ask starts its write, which waits at the gate
+        await asyncio.get_running_loop().run_in_executor(None, store.writing.wait, 10)
+        rest = [asyncio.ensure_future(ask(h)) for h in range(2, 11)]
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in [first, *rest])  # nobody answered before its write
+        store.gate.set()
+        return await asyncio.gather(first, *rest)
+
+    grants = asyncio.run(main())
+    committer.close()
+    # One write for the first grant, one for the nine made while it ran.
+    assert store.commits - before == 2
+    ledger = reopened(path)._datasets["ds"].ledger
+    for holder, grant in enumerate(grants, start=1):
+        assert ledger.held_by(holder) == [grant.shard]
+    svc.close()
+
+
+def test_a_failed_group_write_fails_its_waiters_and_the_next_write_stores_all(
+    path: Path,
+) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    committer = GroupCommitter(svc)
+
+    async def ask(holder: int) -> None:
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=holder, request_id=1)
+        await committer.durable(pending)
+
+    store.fail_next = 1
+    with pytest.raises(StateStoreError, match="disk full"):
+        asyncio.run(ask(1))
+    assert reopened(path)._datasets["ds"].ledger.held_by(1) == []
+    asyncio.run(ask(2))  # its write holds holder 1's grant too
+    committer.close()
+    ledger = reopened(path)._datasets["ds"].ledger
+    assert len(ledger.held_by(1)) == 1 and len(ledger.held_by(2)) == 1
     svc.close()
