@@ -17,6 +17,11 @@ ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 # Set by a platform that reads a dead trainer's position files back (master.client.position):
 # the trainer's progress stream may then coalesce its reports.
 ENV_POSITION_FILE = "DLROVER_POSITION_FILE"
+# How long a node's calls wait for an unreachable master before they fail. A restarted master
+# is back in seconds on an idle machine, but a platform's restart (a Ray actor, a rescheduled
+# pod) on a loaded cluster has taken a minute; a node that gave up would be relaunched.
+ENV_MASTER_WAIT = "DLROVER_MASTER_WAIT_SECONDS"
+DEFAULT_MASTER_WAIT_SECONDS = 180.0
 
 
 def read_master_addr(env: Mapping[str, str]) -> str:
@@ -57,6 +62,23 @@ def read_token(env: Mapping[str, str]) -> str:
                 f"cannot read the job token file {path!r} named by {ENV_JOB_TOKEN_FILE}: {e}"
             ) from e
     return env.get(ENV_JOB_TOKEN, "")
+
+
+def read_master_wait(env: Mapping[str, str]) -> float:
+    """Seconds a node's calls keep retrying an unreachable master (DLROVER_MASTER_WAIT_SECONDS)."""
+    raw = env.get(ENV_MASTER_WAIT, "")
+    if not raw:
+        return DEFAULT_MASTER_WAIT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise MasterError(
+            f"{ENV_MASTER_WAIT}={raw!r}: expected a number of seconds >= 0 "
+            f"(unset: {DEFAULT_MASTER_WAIT_SECONDS:g})"
+        )
+    return seconds
 
 
 def read_position_base(env: Mapping[str, str]) -> str:

@@ -18,6 +18,7 @@ from master.client.env import (
     ENV_JOB_TOKEN_FILE,
     ENV_MASTER_ADDR,
     read_master_addr,
+    read_master_wait,
     read_node_identity,
     read_token,
 )
@@ -95,7 +96,13 @@ class MasterClient:
         env = os.environ if env is None else env
         addr = read_master_addr(env)
         node = read_node_identity(env)
-        return cls(addr, read_token(env), node, tls=ClientTLS.from_env(env))
+        return cls(
+            addr,
+            read_token(env),
+            node,
+            retry_seconds=read_master_wait(env),
+            tls=ClientTLS.from_env(env),
+        )
 
     def close(self) -> None:
         self._channel.close()
