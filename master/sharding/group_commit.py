@@ -30,7 +30,9 @@ class GroupCommitter:
         for entry, version in pending:
             while entry.durable < version:
                 write = self._writing.get(entry)
-                if write is None:
+                # A write done but not yet forgotten (its callback has not run) covered older
+                # changes only: awaiting it again would return at once, never yielding.
+                if write is None or write.done():
                     write = asyncio.get_running_loop().run_in_executor(
                         self._pool, self._sharding.commit, entry
                     )

@@ -296,3 +296,29 @@ def test_a_failed_group_write_fails_its_waiters_and_the_next_write_stores_all(
     ledger = reopened(path)._datasets["ds"].ledger
     assert len(ledger.held_by(1)) == 1 and len(ledger.held_by(2)) == 1
     svc.close()
+
+
+def test_a_write_done_but_not_yet_forgotten_is_not_awaited_again(path: Path) -> None:
+    # The write's done-callback (which forgets it) runs on a later loop turn; a waiter that
+    # needs a newer version meanwhile must start the next write, not spin on the finished one.
+    svc = ShardingService(SQLiteStateStore(str(path)), flush_seconds=3600)
+    svc.create(SPEC)
+    committer = GroupCommitter(svc)
+
+    async def main() -> None:
+        entry = svc._datasets["ds"]
+        finished = asyncio.get_running_loop().create_future()
+        finished.set_result(None)
+        committer._writing[entry] = finished  # covered nothing of what follows
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=3, request_id=1)
+        await committer.durable(pending)
+
+    # In a thread: a coroutine that never yields cannot be timed out by its own loop.
+    runner = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive(), "the waiter spins on the finished write"
+    committer.close()
+    assert len(reopened(path)._datasets["ds"].ledger.held_by(3)) == 1
+    svc.close()
