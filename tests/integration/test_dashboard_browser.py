@@ -1,5 +1,7 @@
 """The dashboard of a running job in a real headless browser (Debian's chromium), with the
-screenshots README shows: docs/dashboard.png and docs/status.txt (`dlrover status`)."""
+screenshots README shows: docs/dashboard.png and docs/status.txt (`dlrover status`), rewritten
+only with DLROVER_UPDATE_DOCS=1 (otherwise they go to the test's tmp dir: a test run leaves the
+checkout as it was)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.integration.test_observability import dashboard_token, read_header
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(REPO, "docs")
 STORY_TIMEOUT_SECONDS = 300
+UPDATE_DOCS_ENV = "DLROVER_UPDATE_DOCS"
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -123,8 +126,8 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
         assert "relaunch" in dom.stdout  # the event list
         # A line in each chart: steps/s, records/s and the loss the trainer reports.
         assert dom.stdout.count("<path ") == 3, dom.stdout[-3000:]
-        os.makedirs(DOCS, exist_ok=True)
-        shot = os.path.join(DOCS, "dashboard.png")
+        docs = DOCS if os.environ.get(UPDATE_DOCS_ENV) == "1" else str(tmp_path)
+        shot = os.path.join(docs, "dashboard.png")
         if os.path.exists(shot):
             os.remove(shot)
         for attempt in range(3):  # as above: a starved browser may end without its screenshot
@@ -148,7 +151,7 @@ def test_dashboard_of_a_running_job_in_headless_chromium(tmp_path):
         # Equal workers: the relaunched one is not taken for a straggler.
         assert "straggler" not in screen.stdout, screen.stdout
         assert "steps/s" in screen.stdout and "relaunch" in screen.stdout
-        with open(os.path.join(DOCS, "status.txt"), "w") as f:
+        with open(os.path.join(docs, "status.txt"), "w") as f:
             f.write(f"$ dlrover status --addr {header['addr']} --token-file RUN_DIR/.job_token\n")
             f.write(screen.stdout)
         proc.send_signal(signal.SIGINT)
