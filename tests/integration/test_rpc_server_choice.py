@@ -9,7 +9,9 @@ from tests.integration.test_local_job import DLROVER, submit, trained_counts, wr
 
 
 def test_a_worker_killed_on_the_sync_server_loses_no_record(tmp_path):
-    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.02"})
+    # The kill ends the worker, not a heartbeat timeout: a long one, so a starved machine
+    # (a loaded run once went 3 s without a heartbeat) does not declare it lost first.
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": "0.02"}, heartbeat_timeout_seconds=30)
     proc, summary = submit(job, tmp_path, "--rpc-server", "sync", "--kill", "worker:1@40%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary["status"] == "succeeded"
