@@ -62,6 +62,11 @@ class MasterStub(object):
                 request_serializer=master_dot_pb_dot_data__pb2.GetShardRequest.SerializeToString,
                 response_deserializer=master_dot_pb_dot_data__pb2.GetShardReply.FromString,
                 )
+        self.ShardStream = channel.stream_stream(
+                '/dlrover.v1.Master/ShardStream',
+                request_serializer=master_dot_pb_dot_data__pb2.GetShardRequest.SerializeToString,
+                response_deserializer=master_dot_pb_dot_data__pb2.GetShardReply.FromString,
+                )
         self.ReportProgress = channel.unary_unary(
                 '/dlrover.v1.Master/ReportProgress',
                 request_serializer=master_dot_pb_dot_data__pb2.ReportProgressRequest.SerializeToString,
@@ -147,6 +152,14 @@ class MasterServicer(object):
 
     def GetShard(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShardStream(self, request_iterator, context):
+        """The same asks as messages on one long-lived stream per node: each request is answered, in
+        order, by one reply on the stream. A domain error ends the stream with its status.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -237,6 +250,11 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'GetShard': grpc.unary_unary_rpc_method_handler(
                     servicer.GetShard,
+                    request_deserializer=master_dot_pb_dot_data__pb2.GetShardRequest.FromString,
+                    response_serializer=master_dot_pb_dot_data__pb2.GetShardReply.SerializeToString,
+            ),
+            'ShardStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ShardStream,
                     request_deserializer=master_dot_pb_dot_data__pb2.GetShardRequest.FromString,
                     response_serializer=master_dot_pb_dot_data__pb2.GetShardReply.SerializeToString,
             ),
@@ -428,6 +446,23 @@ class Master(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/dlrover.v1.Master/GetShard',
+            master_dot_pb_dot_data__pb2.GetShardRequest.SerializeToString,
+            master_dot_pb_dot_data__pb2.GetShardReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ShardStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/dlrover.v1.Master/ShardStream',
             master_dot_pb_dot_data__pb2.GetShardRequest.SerializeToString,
             master_dot_pb_dot_data__pb2.GetShardReply.FromString,
             options, channel_credentials,

@@ -1,10 +1,11 @@
 """The master's services on a `grpc.aio` server (`rpc_server: aio`).
 
-The calls every node makes all the time (heartbeats, shard asks, progress stream messages) run
-on the server's event loop: their handler work is short and in memory (a shard's grant or end
-is one state-store write), so they cost no hand-off between a polling thread and a pool thread
-and hold no thread per open stream. Every other call, and a shard ask that must wait, runs the
-sync servicer's method in a thread pool, as the sync server does."""
+The calls every node makes all the time (heartbeats, shard asks alone or on a node's shard
+stream, progress stream messages) run on the server's event loop: their handler work is short
+and in memory (a shard's grant or end is one state-store write), so they cost no hand-off
+between a polling thread and a pool thread and hold no thread per open stream. Every other
+call, and a shard ask that must wait, runs the sync servicer's method in a thread pool, as the
+sync server does."""
 
 from __future__ import annotations
 
@@ -97,6 +98,10 @@ class AioMasterServicer(MasterServicer):
             )
         except Exception as e:
             await _answer_error(context, e)
+
+    async def ShardStream(self, request_iterator: AsyncIterator, context):  # noqa: N802
+        async for request in request_iterator:
+            yield await self.GetShard(request, context)
 
     async def StreamProgress(self, request_iterator: AsyncIterator, context):  # noqa: N802
         stream = ProgressStreamState(self)

@@ -251,6 +251,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
         return data_pb2.GetShardReply(status=status)
 
+    def ShardStream(self, request_iterator, context):  # noqa: N802
+        """`GetShard` for each ask on the stream, answered in order; a domain error ends the
+        stream with its status (the node asks again on a new stream or a unary call)."""
+        for request in request_iterator:
+            yield self.GetShard(request, context)
+
     @_guard
     def ReportProgress(self, request, context):  # noqa: N802
         node = self._node(request.node)
