@@ -134,6 +134,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     coalesce,
                     args.progress == "coalesced-unary",
                     args.heartbeats == "carried" and coalesce > 0,
+                    args.shard_asks == "stream",
                 )
                 sims.append(_Child(ctx, f"sim-{i}", sim_main, plan))
             children.extend(sims)
@@ -218,6 +219,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "shuffle": not args.no_shuffle,
         "records_per_shard": args.records_per_shard,  # 0: paced by the master (the default)
         "heartbeats": args.heartbeats if args.progress != "per-step" else "calls",
+        "shard_asks": args.shard_asks,
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
@@ -323,7 +325,7 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards "
         f"({args.records_per_shard or 'paced'} records), "
         f"heartbeats {args.heartbeats if args.progress != 'per-step' else 'calls'}, "
-        f"{os.cpu_count()} cores\n\n"
+        f"shard asks by {args.shard_asks}, {os.cpu_count()} cores\n\n"
     )
     head = (
         f"{'N':>5} | {'master cores':>12} {'us/msg':>6} {'RSS MB':>7} {'threads':>7} | "
@@ -399,6 +401,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="carried: a worker's coalesced report carries its 1 Hz heartbeat and it calls "
         "Heartbeat every few seconds for commands (what ShardedDataset does); calls: a Heartbeat "
         "call every second",
+    )
+    p.add_argument(
+        "--shard-asks",
+        choices=("unary", "stream"),
+        default="unary",
+        help="unary: a GetShard call per shard (what MasterClient does); stream: each ask a "
+        "message on the node's long-lived ShardStream",
     )
     p.add_argument(
         "--no-shuffle",

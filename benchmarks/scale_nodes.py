@@ -51,6 +51,8 @@ class SimPlan:
     # Coalesced reports carry the worker's heartbeat, which then calls Heartbeat only when no
     # report did or every COMMAND_POLL_SECONDS for commands (as HeartbeatThread does).
     carried_beats: bool = False
+    # Shard asks as messages on the node's ShardStream instead of unary GetShard calls.
+    shard_stream: bool = False
 
 
 # What the real clients retry (MasterClient._call) or survive (HeartbeatThread logs and beats on,
@@ -148,6 +150,21 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
                 stats.silent_last_beat = t0
             timed("heartbeat", t0)
 
+    shard_stream = [None]  # the open ShardStream call, in stream mode
+
+    def unary(request):
+        return stub.GetShard(request, metadata=md, timeout=30)
+
+    async def ask_on_stream(request):
+        if shard_stream[0] is None:
+            shard_stream[0] = stub.ShardStream(metadata=md)
+        call = shard_stream[0]
+        await call.write(request)
+        reply = await asyncio.wait_for(call.read(), 30)
+        if reply is grpc.aio.EOF:
+            raise RuntimeError("the master ended the shard stream")
+        return reply
+
     async def get_shard():
         t0 = clock()
         asks[0] += 1  # one id per ask, the same for its retries (as MasterClient.get_shard)
@@ -155,10 +172,11 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
         delay = 0.05
         while True:
             try:
-                reply = await stub.GetShard(request, metadata=md, timeout=30)
+                reply = await (ask_on_stream(request) if plan.shard_stream else unary(request))
                 break
             except grpc.aio.AioRpcError as e:
                 failed("get_shard", e)
+                shard_stream[0] = None  # a stream that failed is opened again
                 if e.code() not in RETRYABLE_CODES or clock() - t0 > RETRY_SECONDS:
                     raise
                 await asyncio.sleep(delay * (0.5 + random.random()))
