@@ -30,6 +30,8 @@ _PATTERN = re.compile(
 
 # `--kill master:0@...`: the master kills itself; its supervisor restarts it.
 MASTER = "master"
+# How long the last shard is kept for a late target a due fault waits on (then others take it).
+KEEP_WORK_SECONDS = 120.0
 
 
 class FaultSpecError(ValueError):
@@ -159,7 +161,8 @@ class FaultInjectionMixin:
     global_step: int
     _faults: list[Fault]
     _fired_faults: list[int]
-    _faults_waiting: set[int]  # ids of targets a due fault waits on for their first step
+    _faults_waiting: dict[int, float]  # target a due fault waits on -> when it began waiting
+    _kept_datasets: set[str]  # datasets whose last shard is kept for that target
     _coordinator_to_restart: Callable[[], Node | None]
     _emit: Callable[..., Any]
     _save_runtime: Callable[[], None]
@@ -179,10 +182,12 @@ class FaultInjectionMixin:
             # a fault fires at its percentage, not at the next report (or checkpoint flush).
             self.catch_up_positions()
         pct, secs = self.percent_done(), self.elapsed()
+        waiting_on = None
         for i in faults_due(self._faults, self._fired_faults, pct, secs, self.global_step):
             fault = self._faults[i]
             node = self.nodes.current(fault.node_type, fault.rank)
             if fault.node_type != MASTER and node and self._before_first_step(fault, node):
+                waiting_on = waiting_on or node
                 continue
             # Recorded before it acts, so a restarted master never fires it again.
             self._fired_faults.append(i)
@@ -205,6 +210,35 @@ class FaultInjectionMixin:
                 global_step=self.global_step,
             )
             self.platform.signal_node(node.id, fault.signal)
+        self._keep_work_for(waiting_on)
+
+    def _keep_work_for(self, target: Node | None) -> None:
+        """While a due fault waits for `target`'s first step, keep the last shard of what its
+        peers read for it: a trainer started late would otherwise find the data done and never
+        be killed. For at most KEEP_WORK_SECONDS; `None` (nothing waits) gives it back."""
+        if target is not None and time.monotonic() - self._faults_waiting[target.id] > (
+            KEEP_WORK_SECONDS
+        ):
+            if self._kept_datasets:
+                self._emit(
+                    "fault_waiting",
+                    f"fault injection: {target.name} has not trained after "
+                    f"{KEEP_WORK_SECONDS:g} s; the last shard kept for it goes to the others",
+                    target,
+                )
+            target = None
+        if target is None:
+            self._kept_datasets.clear()
+            self.sharding.keep_last_shard_for(None)
+            return
+        others = [n for n in self.nodes.all_current() if n.id != target.id]
+        peers = [n.id for n in others if n.type == target.type]
+        held = self.sharding.datasets_held_by(peers) or self.sharding.datasets_held_by(
+            [n.id for n in others if n.type in TRAINING_TYPES]
+        )
+        # Sticky: a peer waiting for the kept shard holds nothing of that dataset any more.
+        self._kept_datasets |= held
+        self.sharding.keep_last_shard_for(target.id, self._kept_datasets)
 
     def _before_first_step(self, fault: Fault, target: Node) -> bool:
         """Whether the due `fault` waits for its target's first step (said once); a target
@@ -217,11 +251,11 @@ class FaultInjectionMixin:
         if not waits_for_first_step(fault, target, holds, trainers, coordinator and coordinator.id):
             return False
         if target.id not in self._faults_waiting:
-            self._faults_waiting.add(target.id)
+            self._faults_waiting[target.id] = time.monotonic()
             self._emit(
                 "fault_waiting",
                 f"fault injection: {fault.describe()} is due; waiting for {target.name}'s "
-                "first step (it has not trained yet)",
+                "first step (it has not trained yet; the last shard is kept for it)",
                 target,
             )
         return True

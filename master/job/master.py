@@ -158,7 +158,8 @@ class JobMaster(
         self.epoch = 0  # this master instance's number; a restarted master takes the next
         self._started_wall = time.time()
         self._fired_faults: list[int] = []  # indices into the faults given at submit
-        self._faults_waiting: set[int] = set()
+        self._faults_waiting: dict[int, float] = {}
+        self._kept_datasets: set[str] = set()
         self._addresses: dict[tuple[str, int], str] = {}
         self._next_fence_check = 0.0
         self._chief_reports_restores = False

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -129,6 +129,8 @@ class ShardingService:
         # Node incarnations that ended: never granted a shard again (ids are per incarnation).
         self._retired: set[int] = set()
         self._deferring = threading.local()  # .pending: the commits a caller makes itself
+        # (holder, datasets): the last shard's worth of those datasets is granted to it only.
+        self._kept: tuple[int, frozenset[str]] | None = None
         leases: dict[str, list[dict]] = {}
         for key, raw in store.scan(LEASE_TABLE).items():
             leases.setdefault(key.rpartition("/")[0], []).append(json.loads(raw))
@@ -202,7 +204,8 @@ class ShardingService:
                 if holder in self._retired:
                     return ShardGrant(ShardStatus.PENDING)  # its answer has nobody to reach
                 ledger = entry.ledger
-                shard = entry.next_shard(holder, request_id)
+                kept = self._kept_from(name, ledger, holder)
+                shard = None if kept else entry.next_shard(holder, request_id)
                 if shard is not None:
                     version = entry.changed()
                     break
@@ -216,6 +219,24 @@ class ShardingService:
         self._commit(entry, version)
         # Pure in (spec, shard): computed outside the lock.
         return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
+
+    def keep_last_shard_for(self, holder: int | None, datasets: Iterable[str] = ()) -> None:
+        """Grant the last shard's worth of each of `datasets` to `holder` only (others wait),
+        so a fault waiting for a late trainer's first step finds work left for it; None ends it."""
+        kept = None if holder is None else (holder, frozenset(datasets))
+        if kept == self._kept:
+            return
+        self._kept = kept
+        for entry in list(self._datasets.values()):
+            with entry.cond:
+                entry.cond.notify_all()  # asks held back re-check
+
+    def _kept_from(self, name: str, ledger: DatasetLedger, holder: int) -> bool:
+        """Whether `holder`'s ask waits: what is left of `name` is kept for another holder."""
+        kept = self._kept
+        if kept is None or holder == kept[0] or name not in kept[1]:
+            return False
+        return 0 < ledger.records_todo() <= ledger.spec.shard_records()
 
     def report(self, name: str, holder: int, reports: list[tuple[int, int]]) -> None:
         """Apply (shard_id, cumulative consumed) reports; wakes waiters when a shard completes."""
@@ -287,6 +308,15 @@ class ShardingService:
                 if entry.ledger.holds(holder):
                     return True
         return False
+
+    def datasets_held_by(self, holders: Collection[int]) -> set[str]:
+        """The datasets of which any of `holders` has a shard in doing."""
+        out = set()
+        for name, entry in list(self._datasets.items()):
+            with entry.cond:
+                if any(entry.ledger.holds(h) for h in holders):
+                    out.add(name)
+        return out
 
     def holders(self) -> set[int]:
         """Every holder with a shard of some dataset in doing (one lock per dataset, not per

@@ -63,6 +63,13 @@ def check_trained_ids(ids, records, extra_batches):
     return files
 
 
+def _events(run_dir, *kinds):
+    """The messages of the job's events of `kinds`, in order."""
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    return [e["message"] for e in events if e["kind"] in kinds]
+
+
 def run_worker_kill_job(tmp_path, *args, records=RECORDS, env=None):
     """The example with worker 1 SIGKILLed at 40%; checks the summary and the trained ids."""
     ids = write_job(tmp_path, records=records, eval_records=1024)
@@ -75,7 +82,8 @@ def run_worker_kill_job(tmp_path, *args, records=RECORDS, env=None):
     assert summary["status"] == "succeeded"
     assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
-    assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded"
+    faults = _events(summary["run_dir"], "fault", "fault_waiting")
+    assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded", faults
     assert all(n["status"] == "deleted" for n in summary["nodes"] if n["type"] == "ps")
     files = check_trained_ids(ids, records, extra_batches=1)
     assert len(files) >= 4, files  # chief, worker 0, and both incarnations of worker 1

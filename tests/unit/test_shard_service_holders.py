@@ -42,3 +42,32 @@ def test_an_ask_a_node_sent_before_it_died_does_not_take_its_requeued_shard(
     assert regrant.status == ShardStatus.SHARD and regrant.shard.size == 70
     assert svc.get_shard("ds", holder=4).status == ShardStatus.PENDING
     svc.close()
+
+
+def test_the_last_shard_kept_for_a_late_holder_goes_to_it_alone_until_given_back(
+    tmp_path: Path,
+) -> None:
+    svc = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), flush_seconds=3600)
+    svc.create(SPEC)
+    svc.create(DatasetSpec("eval", size=100, batch_size=10, records_per_shard=100))
+    svc.keep_last_shard_for(7, {"ds"})
+    first = svc.get_shard("ds", holder=3)  # more than one shard left: granted as usual
+    assert first.status == ShardStatus.SHARD
+    assert svc.datasets_held_by([3]) == {"ds"} and svc.datasets_held_by([7]) == set()
+    # What is left is one shard's worth: holder 3 waits, however long it asks for.
+    assert svc.get_shard("ds", holder=3, wait_seconds=0.2).status == ShardStatus.PENDING
+    assert svc.get_shard("eval", holder=3).status == ShardStatus.SHARD  # not a kept dataset
+    answers = []
+    ask = threading.Thread(
+        target=lambda: answers.append(svc.get_shard("ds", holder=3, wait_seconds=10.0))
+    )
+    ask.start()
+    kept = svc.get_shard("ds", holder=7)
+    assert kept.status == ShardStatus.SHARD and kept.shard.size == 100
+    svc.report("ds", 7, [(kept.shard.shard_id, 10)])
+    svc.keep_last_shard_for(None)  # e.g. the fault fired: 7 is killed, its remainder requeued
+    assert svc.retire(7) == {"ds": 90}
+    ask.join(10.0)
+    assert not ask.is_alive()
+    assert answers[0].status == ShardStatus.SHARD and answers[0].shard.size == 90
+    svc.close()
