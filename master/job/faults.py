@@ -30,7 +30,7 @@ _PATTERN = re.compile(
 
 # `--kill master:0@...`: the master kills itself; its supervisor restarts it.
 MASTER = "master"
-# How long the last shard is kept for a late target a due fault waits on (then others take it).
+# How long the other trainers wait for a late target a due fault waits on (then go on).
 KEEP_WORK_SECONDS = 120.0
 
 
@@ -162,7 +162,7 @@ class FaultInjectionMixin:
     _faults: list[Fault]
     _fired_faults: list[int]
     _faults_waiting: dict[int, float]  # target a due fault waits on -> when it began waiting
-    _kept_datasets: set[str]  # datasets whose last shard is kept for that target
+    _kept_datasets: set[str]  # datasets whose shards are kept for that target
     _coordinator_to_restart: Callable[[], Node | None]
     _emit: Callable[..., Any]
     _save_runtime: Callable[[], None]
@@ -213,9 +213,9 @@ class FaultInjectionMixin:
         self._keep_work_for(waiting_on)
 
     def _keep_work_for(self, target: Node | None) -> None:
-        """While a due fault waits for `target`'s first step, keep the last shard of what its
-        peers read for it: a trainer started late would otherwise find the data done and never
-        be killed. For at most KEEP_WORK_SECONDS; `None` (nothing waits) gives it back."""
+        """While a due fault waits for `target`'s first step, keep what its peers read for it
+        (their asks wait): the kill lands near its trigger, and a trainer started late does not
+        find the data done and never die. For at most KEEP_WORK_SECONDS; `None` ends it."""
         if target is not None and time.monotonic() - self._faults_waiting[target.id] > (
             KEEP_WORK_SECONDS
         ):
@@ -223,22 +223,22 @@ class FaultInjectionMixin:
                 self._emit(
                     "fault_waiting",
                     f"fault injection: {target.name} has not trained after "
-                    f"{KEEP_WORK_SECONDS:g} s; the last shard kept for it goes to the others",
+                    f"{KEEP_WORK_SECONDS:g} s; the others train on without waiting for it",
                     target,
                 )
             target = None
         if target is None:
             self._kept_datasets.clear()
-            self.sharding.keep_last_shard_for(None)
+            self.sharding.keep_work_for(None)
             return
         others = [n for n in self.nodes.all_current() if n.id != target.id]
         peers = [n.id for n in others if n.type == target.type]
         held = self.sharding.datasets_held_by(peers) or self.sharding.datasets_held_by(
             [n.id for n in others if n.type in TRAINING_TYPES]
         )
-        # Sticky: a peer waiting for the kept shard holds nothing of that dataset any more.
+        # Sticky: a peer whose ask waits holds nothing of that dataset any more.
         self._kept_datasets |= held
-        self.sharding.keep_last_shard_for(target.id, self._kept_datasets)
+        self.sharding.keep_work_for(target.id, self._kept_datasets)
 
     def _before_first_step(self, fault: Fault, target: Node) -> bool:
         """Whether the due `fault` waits for its target's first step (said once); a target
@@ -255,7 +255,7 @@ class FaultInjectionMixin:
             self._emit(
                 "fault_waiting",
                 f"fault injection: {fault.describe()} is due; waiting for {target.name}'s "
-                "first step (it has not trained yet; the last shard is kept for it)",
+                "first step (it has not trained yet; the others wait for it)",
                 target,
             )
         return True

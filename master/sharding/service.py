@@ -129,7 +129,7 @@ class ShardingService:
         # Node incarnations that ended: never granted a shard again (ids are per incarnation).
         self._retired: set[int] = set()
         self._deferring = threading.local()  # .pending: the commits a caller makes itself
-        # (holder, datasets): the last shard's worth of those datasets is granted to it only.
+        # (holder, datasets): those datasets' shards are granted to that holder only.
         self._kept: tuple[int, frozenset[str]] | None = None
         leases: dict[str, list[dict]] = {}
         for key, raw in store.scan(LEASE_TABLE).items():
@@ -220,9 +220,9 @@ class ShardingService:
         # Pure in (spec, shard): computed outside the lock.
         return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
 
-    def keep_last_shard_for(self, holder: int | None, datasets: Iterable[str] = ()) -> None:
-        """Grant the last shard's worth of each of `datasets` to `holder` only (others wait),
-        so a fault waiting for a late trainer's first step finds work left for it; None ends it."""
+    def keep_work_for(self, holder: int | None, datasets: Iterable[str] = ()) -> None:
+        """Grant shards of `datasets` to `holder` only (other asks wait), so a fault due on a
+        late trainer's first step lands where it was due; None ends it."""
         kept = None if holder is None else (holder, frozenset(datasets))
         if kept == self._kept:
             return
@@ -236,7 +236,7 @@ class ShardingService:
         kept = self._kept
         if kept is None or holder == kept[0] or name not in kept[1]:
             return False
-        return 0 < ledger.records_todo() <= ledger.spec.shard_records()
+        return ledger.records_todo() > 0
 
     def report(self, name: str, holder: int, reports: list[tuple[int, int]]) -> None:
         """Apply (shard_id, cumulative consumed) reports; wakes waiters when a shard completes."""

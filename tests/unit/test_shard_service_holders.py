@@ -44,17 +44,15 @@ def test_an_ask_a_node_sent_before_it_died_does_not_take_its_requeued_shard(
     svc.close()
 
 
-def test_the_last_shard_kept_for_a_late_holder_goes_to_it_alone_until_given_back(
-    tmp_path: Path,
-) -> None:
+def test_shards_kept_for_a_late_holder_go_to_it_alone_until_given_back(tmp_path: Path) -> None:
     svc = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), flush_seconds=3600)
     svc.create(SPEC)
     svc.create(DatasetSpec("eval", size=100, batch_size=10, records_per_shard=100))
-    svc.keep_last_shard_for(7, {"ds"})
-    first = svc.get_shard("ds", holder=3)  # more than one shard left: granted as usual
+    first = svc.get_shard("ds", holder=3)
     assert first.status == ShardStatus.SHARD
     assert svc.datasets_held_by([3]) == {"ds"} and svc.datasets_held_by([7]) == set()
-    # What is left is one shard's worth: holder 3 waits, however long it asks for.
+    svc.keep_work_for(7, {"ds"})
+    # Holder 3 waits, however long it asks for, while holder 7 has not taken its work.
     assert svc.get_shard("ds", holder=3, wait_seconds=0.2).status == ShardStatus.PENDING
     assert svc.get_shard("eval", holder=3).status == ShardStatus.SHARD  # not a kept dataset
     answers = []
@@ -65,7 +63,7 @@ def test_the_last_shard_kept_for_a_late_holder_goes_to_it_alone_until_given_back
     kept = svc.get_shard("ds", holder=7)
     assert kept.status == ShardStatus.SHARD and kept.shard.size == 100
     svc.report("ds", 7, [(kept.shard.shard_id, 10)])
-    svc.keep_last_shard_for(None)  # e.g. the fault fired: 7 is killed, its remainder requeued
+    svc.keep_work_for(None)  # e.g. the fault fired: 7 is killed, its remainder requeued
     assert svc.retire(7) == {"ds": 90}
     ask.join(10.0)
     assert not ask.is_alive()
