@@ -24,11 +24,15 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
 spinners=()
+pytest_pid=
 logs=$(mktemp -d)
+# Stopping the script (Ctrl-C, kill) stops the run in progress and the spinners with it.
 stop() {
+  [ -n "$pytest_pid" ] && kill "$pytest_pid" 2>/dev/null
   for pid in "${spinners[@]}"; do kill "$pid" 2>/dev/null; done
 }
 trap stop EXIT
+trap 'exit 130' INT TERM
 if [ "$LOAD" = 1 ]; then
   for _ in $(seq "$(nproc)"); do
     python3 -c 'while 1: pass' &
@@ -40,8 +44,11 @@ failed=0
 for i in $(seq "$N"); do
   log="$logs/run$i.log"
   start=$(date +%s)
-  "$PY" -m pytest -q "$@" >"$log" 2>&1
+  "$PY" -m pytest -q "$@" >"$log" 2>&1 &
+  pytest_pid=$!
+  wait "$pytest_pid"
   rc=$?
+  pytest_pid=
   echo "run $i/$N: exit $rc in $(($(date +%s) - start)) s, load $(cut -d' ' -f1 /proc/loadavg): $(tail -n 1 "$log")"
   grep -E '^(FAILED|ERROR) ' "$log" | sed "s/^/    /"
   [ "$rc" -ne 0 ] && failed=$((failed + 1))
