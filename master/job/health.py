@@ -91,10 +91,14 @@ def heartbeat_verdicts(
 
 
 def hang_verdicts(
-    nodes: Iterable[Node], now: float, timeout: float, holding_shards: Collection[int]
+    nodes: Iterable[Node],
+    now: float,
+    timeout: float,
+    holding_shards: Collection[int],
+    since: float = 0.0,
 ) -> list[HealthVerdict]:
     """Restart each trainer that holds shards (its id in `holding_shards`) but made no step
-    for `timeout` seconds (0: detection off)."""
+    for `timeout` seconds (0: detection off), counted from `since` at the earliest."""
     return [
         HealthVerdict(
             node,
@@ -106,7 +110,8 @@ def hang_verdicts(
             details={"timeout_seconds": timeout, "steps": node.steps},
         )
         for node in nodes
-        if not node.extra.get(HUNG) and is_hung(node, now, timeout, node.id in holding_shards)
+        if not node.extra.get(HUNG)
+        and is_hung(node, now, timeout, node.id in holding_shards, since)
     ]
 
 
@@ -157,6 +162,8 @@ class HealthMixin:
     nodes: NodeManager
     sharding: ShardingService
     _stragglers_checked_at: float
+    _hang_clock_from: float  # hang clocks run from here at the earliest (a job pause's end)
+    _recovering: Callable[[], bool]  # the job's start or a PS recovery before its first step
     _measured_cpu: dict[int, float]  # node id -> CPU % the platform measured (master.job.stuck)
     _emit: Callable[..., Any]
     _kill_node: Callable[[Node], None]
@@ -174,8 +181,16 @@ class HealthMixin:
         timeout = self.spec.hang_timeout_seconds
         if timeout > 0:
             nodes = self.nodes.all_current()
-            holding = self.sharding.holders()
-            self._apply_verdicts(hang_verdicts(nodes, time.monotonic(), timeout, holding))
+            now = time.monotonic()
+            if self._recovering() or not any(n.steps for n in nodes):
+                # The job's start or a PS recovery: trainers holding shards wait for sessions
+                # and a restore (tens of seconds on a loaded machine), they are not hung. Each
+                # gets a full timeout from the pause's end.
+                self._hang_clock_from = now
+            else:
+                holding = self.sharding.holders()
+                verdicts = hang_verdicts(nodes, now, timeout, holding, self._hang_clock_from)
+                self._apply_verdicts(verdicts)
         now = time.monotonic()
         if (
             self.spec.stragglers != "off"

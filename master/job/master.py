@@ -134,6 +134,7 @@ class JobMaster(
         if on_event:
             self.event_log.add_listener(on_event)
         self._stragglers_checked_at = 0.0
+        self._hang_clock_from = 0.0
         # Stuck detection (master.job.stuck): CPU samples, the current quiet spell, its note.
         self._cpu_samples: dict[int, tuple[float, float]] = {}
         self._measured_cpu: dict[int, float] = {}

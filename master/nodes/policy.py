@@ -133,8 +133,9 @@ def heartbeat_lost(node: Node, now: float, timeout: float) -> bool:
     )
 
 
-def is_hung(node: Node, now: float, timeout: float, holds_shards: bool) -> bool:
-    """A running chief/worker that holds shards but took or reported nothing within `timeout`.
+def is_hung(node: Node, now: float, timeout: float, holds_shards: bool, since: float = 0.0) -> bool:
+    """A running chief/worker that holds shards but took or reported nothing within `timeout`
+    (counted from `since` at the earliest: the end of a pause of the whole job).
 
     A node holding no shard may legitimately wait (for the last shards of others).
     """
@@ -143,5 +144,5 @@ def is_hung(node: Node, now: float, timeout: float, holds_shards: bool) -> bool:
         and node.state == NodeState.RUNNING
         and holds_shards
         and timeout > 0
-        and now - node.last_progress > timeout
+        and now - max(node.last_progress, since) > timeout
     )

@@ -159,3 +159,64 @@ def test_a_restarted_master_counts_a_nodes_silence_from_the_end_of_its_adoption(
     assert heartbeat_verdicts([running], now=time.monotonic(), timeout=3.0) == []
     assert running.last_progress >= running.last_heartbeat > 1.0
     assert ended.last_heartbeat == 1.0  # an ended incarnation is left as it was
+
+
+def test_hang_clocks_count_from_the_end_of_a_pause_of_the_whole_job():
+    prefetched = Node("worker", 0, id=1, state=R, last_progress=5.0)  # took a shard, no step
+    assert not hang_verdicts([prefetched], now=21.3, timeout=15.0, holding_shards={1}, since=21.1)
+    [v] = hang_verdicts([prefetched], now=36.2, timeout=15.0, holding_shards={1}, since=21.1)
+    assert v.node is prefetched
+
+
+def _health_master(nodes, recovering):
+    from types import SimpleNamespace
+
+    from master.job.health import HealthMixin
+
+    class Master(HealthMixin):
+        pass
+
+    m = Master()
+    m.spec = SimpleNamespace(
+        heartbeat_timeout_seconds=1e9, hang_timeout_seconds=15.0, stragglers="off"
+    )
+    m.nodes = SimpleNamespace(all_current=lambda: list(nodes))
+    m.sharding = SimpleNamespace(holders=lambda: {n.id for n in nodes})
+    m._recovering, m._hang_clock_from, m._measured_cpu = recovering, 0.0, {}
+    m._stragglers_checked_at, m.events = 0.0, []
+    m._emit = lambda kind, message, *a, **k: m.events.append((kind, message))
+    m._kill_node = lambda node: m.events.append(("killed", node.name))
+    return m
+
+
+def test_trainers_waiting_for_the_jobs_start_or_a_ps_recovery_are_not_hung(monkeypatch):
+    from master.job import health
+
+    clock = [20.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: clock[0])
+    # The job's start: worker-0 prefetched a shard at 5 s; the chief restores until 21 s.
+    w0 = Node("worker", 0, id=1, state=R, last_progress=5.0)
+    chief = Node("chief", 0, id=2, state=R, last_progress=5.0)
+    recovering = [True]
+    m = _health_master([w0, chief], lambda: recovering[0])
+    m._check_health()
+    assert m.events == [] and m._hang_clock_from == 20.0
+    recovering[0], chief.steps, clock[0] = False, 1, 21.3  # the first step: training runs
+    chief.last_progress = 21.2
+    m._check_health()
+    assert m.events == []  # worker-0 gets a full timeout from the start's end
+    clock[0] = 35.5
+    m._check_health()
+    assert m.events[0][0] == "hang" and "worker-0" in m.events[0][1]
+    assert m.events[1:] == [("killed", "worker-0")]
+
+
+def test_a_job_no_trainer_of_which_stepped_yet_is_not_judged_hung(monkeypatch):
+    from master.job import health
+
+    monkeypatch.setattr(health.time, "monotonic", lambda: 100.0)
+    # No recovery timeline (no TF chief): nobody has stepped, so the job has not started.
+    w0 = Node("worker", 0, id=1, state=R, last_progress=5.0)
+    m = _health_master([w0], lambda: False)
+    m._check_health()
+    assert m.events == [] and m._hang_clock_from == 100.0
