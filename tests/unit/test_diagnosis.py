@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from master.job.diagnosis import diagnose_exit, exception_excerpt, find_stragglers
 from master.job.events import EventLog, JobEvent, read_events
 from master.nodes.model import ExitReason, Node
@@ -115,6 +117,22 @@ def test_stragglers_are_measured_against_their_peers_median():
     assert find_stragglers({1: 0.01, 2: 0.03}) == {2: 3.0}
     assert find_stragglers({1: 0.01, 2: 0.015}) == {}
     assert find_stragglers({1: 0.5}) == {}
+
+
+def test_stragglers_match_each_peers_median_taken_one_by_one():
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    for n in (2, 3, 4, 5, 8, 51, 200):
+        # Ties too (times drawn from a few values), and a few slow ones.
+        times = {i: rng.choice([0.01, 0.01, 0.012, 0.02, 0.05, 0.3]) for i in range(n)}
+        expected = {}
+        for i, t in times.items():
+            median = statistics.median([s for j, s in times.items() if j != i])
+            if t > 2.0 * median:
+                expected[i] = t / median
+        assert find_stragglers(times) == pytest.approx(expected), n
 
 
 def test_events_round_trip_through_the_jsonl_file(tmp_path):
