@@ -179,14 +179,16 @@ class StuckMixin:
             if not node.registered:
                 node.cpu_percent = percent
 
-    def _activities(self) -> list[NodeActivity]:
+    def _activities(self, log_lines: bool = False) -> list[NodeActivity]:
+        """Each running node's activity; its last log line only with `log_lines` (a file read
+        per node: done for a verdict, not at every sample)."""
         measured = set(self._cpu_samples)
         return [
             NodeActivity(
                 n.name,
                 n.state.value,
                 n.cpu_percent if n.id in measured or n.registered else None,
-                read_last_line(n.log_path),
+                read_last_line(n.log_path) if log_lines else "",
             )
             for n in self.nodes.all_current()
             if n.state == NodeState.RUNNING
@@ -211,8 +213,9 @@ class StuckMixin:
             return
         if self._quiet_since is None:
             self._quiet_since = now - CPU_SAMPLE_SECONDS
-        if self.stuck_note:
-            return  # said once per quiet spell
+        if self.stuck_note or now - self._quiet_since < timeout:
+            return  # said once per quiet spell, and not before the timeout
+        activities = self._activities(log_lines=True)
         listed = {t: len(addrs) for t, addrs in self.tf_cluster().items()}
         cause = likely_cause(self.nodes.all_current(), listed, self.spec.worker.reserves_slots)
         verdict = stuck_verdict(
