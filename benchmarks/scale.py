@@ -135,6 +135,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     args.progress == "coalesced-unary",
                     args.heartbeats == "carried" and coalesce > 0,
                     args.shard_asks == "stream",
+                    args.indices == "node",
                 )
                 sims.append(_Child(ctx, f"sim-{i}", sim_main, plan))
             children.extend(sims)
@@ -220,6 +221,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "records_per_shard": args.records_per_shard,  # 0: paced by the master (the default)
         "heartbeats": args.heartbeats if args.progress != "per-step" else "calls",
         "shard_asks": args.shard_asks,
+        "indices": args.indices,
         "progress_messages_per_s": round(messages / seconds, 1),
         "steps_per_worker_per_s": round(steps / seconds / (n - 1), 2),
         "step_lateness_p99_ms": round(percentile(lates, 99) * 1000, 1) if lates else None,
@@ -325,7 +327,8 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         f"{'unshuffled' if args.no_shuffle else 'shuffled'} shards "
         f"({args.records_per_shard or 'paced'} records), "
         f"heartbeats {args.heartbeats if args.progress != 'per-step' else 'calls'}, "
-        f"shard asks by {args.shard_asks}, {os.cpu_count()} cores\n\n"
+        f"shard asks by {args.shard_asks}, record indices by the {args.indices}, "
+        f"{os.cpu_count()} cores\n\n"
     )
     head = (
         f"{'N':>5} | {'master cores':>12} {'us/msg':>6} {'RSS MB':>7} {'threads':>7} | "
@@ -410,10 +413,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "message on the node's long-lived ShardStream",
     )
     p.add_argument(
+        "--indices",
+        choices=("node", "master"),
+        default="node",
+        help="node: the workers compute their shards' record indices (what MasterClient does "
+        "for a dataset it created; the simulated ones skip it); master: the master sends them",
+    )
+    p.add_argument(
         "--no-shuffle",
         action="store_true",
         help="hand out records in order; by default the dataset is shuffled, as the examples' "
-        "and most users' are (the master then computes each shard's shuffled indices)",
+        "and most users' are",
     )
     p.add_argument(
         "--records-per-shard",

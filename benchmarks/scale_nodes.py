@@ -53,6 +53,8 @@ class SimPlan:
     carried_beats: bool = False
     # Shard asks as messages on the node's ShardStream instead of unary GetShard calls.
     shard_stream: bool = False
+    # The worker computes its shards' record indices (the master sends none); not simulated.
+    indices_local: bool = False
 
 
 # What the real clients retry (MasterClient._call) or survive (HeartbeatThread logs and beats on,
@@ -168,7 +170,13 @@ async def _sim_node(stub_cls, pb, plan: SimPlan, node, window: _Window, sem, sta
     async def get_shard():
         t0 = clock()
         asks[0] += 1  # one id per ask, the same for its retries (as MasterClient.get_shard)
-        request = data_pb2.GetShardRequest(node=ref, dataset=DATASET, wait_ms=0, request_id=asks[0])
+        request = data_pb2.GetShardRequest(
+            node=ref,
+            dataset=DATASET,
+            wait_ms=0,
+            request_id=asks[0],
+            indices_local=plan.indices_local,
+        )
         delay = 0.05
         while True:
             try:

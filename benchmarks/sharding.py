@@ -131,27 +131,26 @@ def _start_master(
 
 def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[int]]:
     """The Master service's shard methods on a bare gRPC server of `server_kind` (the master's),
-    answering without any work: GetShard a pre-encoded shard of RECORDS_PER_SHARD records, the
-    progress calls nothing."""
+    answering without any work: GetShard a pre-encoded shard of RECORDS_PER_SHARD records
+    (without indices: the nodes compute them), the progress calls nothing."""
     from concurrent import futures
 
     import grpc
 
     from master.pb import data_pb2
-    from master.rpc.server import encode_indices, server_options
+    from master.rpc.server import server_options
 
     shard_reply = data_pb2.GetShardReply(
         status=data_pb2.GetShardReply.SHARD,
-        shard=data_pb2.Shard(
-            shard_id=1,
-            start=0,
-            end=RECORDS_PER_SHARD,
-            record_indices=encode_indices(list(range(RECORDS_PER_SHARD))),
-        ),
+        shard=data_pb2.Shard(shard_id=1, start=0, end=RECORDS_PER_SHARD),
     ).SerializeToString()
+    created_reply = data_pb2.CreateDatasetReply(created=False).SerializeToString()
 
     def get_shard(request: bytes, context: grpc.ServicerContext) -> bytes:
         return shard_reply
+
+    def create(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return created_reply
 
     def report(request: bytes, context: grpc.ServicerContext) -> bytes:
         return b""
@@ -163,6 +162,9 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
 
     async def get_shard_async(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return shard_reply
+
+    async def create_async(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return created_reply
 
     async def report_async(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b""
@@ -179,6 +181,7 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
             "dlrover.v1.Master",
             {
                 "GetShard": grpc.unary_unary_rpc_method_handler(get_shard_async),
+                "CreateDataset": grpc.unary_unary_rpc_method_handler(create_async),
                 "ReportProgress": grpc.unary_unary_rpc_method_handler(report_async),
                 "StreamProgress": grpc.stream_unary_rpc_method_handler(stream_async),
             },
@@ -198,6 +201,7 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
         "dlrover.v1.Master",
         {
             "GetShard": grpc.unary_unary_rpc_method_handler(get_shard),
+            "CreateDataset": grpc.unary_unary_rpc_method_handler(create),
             "ReportProgress": grpc.unary_unary_rpc_method_handler(report),
             "StreamProgress": grpc.stream_unary_rpc_method_handler(stream),
         },
@@ -274,6 +278,9 @@ def _round_trip(phase: Phase, rank: int, node_id: int) -> tuple[Callable, Callab
     # Connect before the common start (the channel is private to MasterClient, fine here).
     grpc.channel_ready_future(client._channel).result(timeout=CLIENT_READY_TIMEOUT_S)
     dataset = phase.dataset
+    # As ShardedDataset does: each node declares the dataset, and so computes its shards'
+    # record indices itself.
+    client.create_dataset(_dataset_spec(dataset))
     shard_status = data_pb2.GetShardReply.SHARD
     steps = phase.steps
     progress = ProgressStream(client)
@@ -471,22 +478,26 @@ class _Child:
         self.conn.close()
 
 
+def _dataset_spec(name: str):
+    """The benchmark's dataset, as every simulated node declares it."""
+    from master.pb import data_pb2
+
+    return data_pb2.DatasetSpec(
+        name=name,
+        size=DATASET_SIZE,
+        batch_size=BATCH_SIZE,
+        records_per_shard=RECORDS_PER_SHARD,
+        epochs=1,
+        shuffle=False,
+    )
+
+
 def _create_dataset(addr: str, token: str, node_id: int, name: str) -> None:
     from master.client import MasterClient, NodeIdentity
-    from master.pb import data_pb2
 
     client = MasterClient(addr, token, NodeIdentity("worker", 0, node_id))
     try:
-        client.create_dataset(
-            data_pb2.DatasetSpec(
-                name=name,
-                size=DATASET_SIZE,
-                batch_size=BATCH_SIZE,
-                records_per_shard=RECORDS_PER_SHARD,
-                epochs=1,
-                shuffle=False,
-            )
-        )
+        client.create_dataset(_dataset_spec(name))
     finally:
         client.close()
 

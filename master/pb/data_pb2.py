@@ -16,7 +16,7 @@ from master.pb import common_pb2 as master_dot_pb_dot_common__pb2
 from master.pb import nodes_pb2 as master_dot_pb_dot_nodes__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14master/pb/data.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\x1a\x15master/pb/nodes.proto\"\x87\x01\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x19\n\x11records_per_shard\x18\x04 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\x05\x12\x0f\n\x07shuffle\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\"`\n\x14\x43reateDatasetRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\"%\n\x12\x43reateDatasetReply\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"j\n\x0fGetShardRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x03\"\\\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x16\n\x0erecord_indices\x18\x05 \x01(\x0c\"\x8e\x01\n\rGetShardReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .dlrover.v1.GetShardReply.Status\x12 \n\x05shard\x18\x02 \x01(\x0b\x32\x11.dlrover.v1.Shard\")\n\x06Status\x12\t\n\x05SHARD\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x07\n\x03\x45ND\x10\x02\"<\n\x0eProgressReport\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x18\n\x10records_consumed\x18\x02 \x01(\x03\"\x85\x02\n\x15ReportProgressRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12+\n\x07reports\x18\x03 \x03(\x0b\x32\x1a.dlrover.v1.ProgressReport\x12\x13\n\x0bglobal_step\x18\x04 \x01(\x03\x12\x11\n\x04loss\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\x06 \x01(\r\x12\x37\n\x0fheartbeat_stats\x18\x07 \x01(\x0b\x32\x19.dlrover.v1.ResourceStatsH\x01\x88\x01\x01\x42\x07\n\x05_lossB\x12\n\x10_heartbeat_stats\"5\n\x13ReportProgressReply\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x03\x12\r\n\x05stale\x18\x02 \x01(\x03\"I\n\x13ReturnShardsRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\"-\n\x11ReturnShardsReply\x12\x18\n\x10records_returned\x18\x01 \x01(\x03\"X\n\rLedgerRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\"7\n\nShardRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\xe7\x01\n\x0eLedgerSnapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\x12\r\n\x05\x65poch\x18\x04 \x01(\x05\x12$\n\x04todo\x18\x05 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12%\n\x05\x64oing\x18\x06 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12\x14\n\x0crecords_done\x18\x07 \x01(\x03\x12\x16\n\x0erecords_redone\x18\x08 \x01(\x03\"j\n\x10\x43heckpointReport\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61tasets\x18\x04 \x03(\t\"&\n\x0f\x43heckpointReply\x12\x13\n\x0blatest_step\x18\x01 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14master/pb/data.proto\x12\ndlrover.v1\x1a\x16master/pb/common.proto\x1a\x15master/pb/nodes.proto\"\x87\x01\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x19\n\x11records_per_shard\x18\x04 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\x05\x12\x0f\n\x07shuffle\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\"`\n\x14\x43reateDatasetRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\"%\n\x12\x43reateDatasetReply\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"\x81\x01\n\x0fGetShardRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x03\x12\x15\n\rindices_local\x18\x05 \x01(\x08\"\\\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x16\n\x0erecord_indices\x18\x05 \x01(\x0c\"\x8e\x01\n\rGetShardReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .dlrover.v1.GetShardReply.Status\x12 \n\x05shard\x18\x02 \x01(\x0b\x32\x11.dlrover.v1.Shard\")\n\x06Status\x12\t\n\x05SHARD\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x07\n\x03\x45ND\x10\x02\"<\n\x0eProgressReport\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x18\n\x10records_consumed\x18\x02 \x01(\x03\"\x85\x02\n\x15ReportProgressRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12+\n\x07reports\x18\x03 \x03(\x0b\x32\x1a.dlrover.v1.ProgressReport\x12\x13\n\x0bglobal_step\x18\x04 \x01(\x03\x12\x11\n\x04loss\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05steps\x18\x06 \x01(\r\x12\x37\n\x0fheartbeat_stats\x18\x07 \x01(\x0b\x32\x19.dlrover.v1.ResourceStatsH\x01\x88\x01\x01\x42\x07\n\x05_lossB\x12\n\x10_heartbeat_stats\"5\n\x13ReportProgressReply\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x03\x12\r\n\x05stale\x18\x02 \x01(\x03\"I\n\x13ReturnShardsRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\"-\n\x11ReturnShardsReply\x12\x18\n\x10records_returned\x18\x01 \x01(\x03\"X\n\rLedgerRequest\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\"7\n\nShardRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\xe7\x01\n\x0eLedgerSnapshot\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x17.dlrover.v1.DatasetSpec\x12\r\n\x05\x65poch\x18\x04 \x01(\x05\x12$\n\x04todo\x18\x05 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12%\n\x05\x64oing\x18\x06 \x03(\x0b\x32\x16.dlrover.v1.ShardRange\x12\x14\n\x0crecords_done\x18\x07 \x01(\x03\x12\x16\n\x0erecords_redone\x18\x08 \x01(\x03\"j\n\x10\x43heckpointReport\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.dlrover.v1.NodeRef\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61tasets\x18\x04 \x03(\t\"&\n\x0f\x43heckpointReply\x12\x13\n\x0blatest_step\x18\x01 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -29,32 +29,32 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_CREATEDATASETREQUEST']._serialized_end=317
   _globals['_CREATEDATASETREPLY']._serialized_start=319
   _globals['_CREATEDATASETREPLY']._serialized_end=356
-  _globals['_GETSHARDREQUEST']._serialized_start=358
-  _globals['_GETSHARDREQUEST']._serialized_end=464
-  _globals['_SHARD']._serialized_start=466
-  _globals['_SHARD']._serialized_end=558
-  _globals['_GETSHARDREPLY']._serialized_start=561
-  _globals['_GETSHARDREPLY']._serialized_end=703
-  _globals['_GETSHARDREPLY_STATUS']._serialized_start=662
-  _globals['_GETSHARDREPLY_STATUS']._serialized_end=703
-  _globals['_PROGRESSREPORT']._serialized_start=705
-  _globals['_PROGRESSREPORT']._serialized_end=765
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=768
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1029
-  _globals['_REPORTPROGRESSREPLY']._serialized_start=1031
-  _globals['_REPORTPROGRESSREPLY']._serialized_end=1084
-  _globals['_RETURNSHARDSREQUEST']._serialized_start=1086
-  _globals['_RETURNSHARDSREQUEST']._serialized_end=1159
-  _globals['_RETURNSHARDSREPLY']._serialized_start=1161
-  _globals['_RETURNSHARDSREPLY']._serialized_end=1206
-  _globals['_LEDGERREQUEST']._serialized_start=1208
-  _globals['_LEDGERREQUEST']._serialized_end=1296
-  _globals['_SHARDRANGE']._serialized_start=1298
-  _globals['_SHARDRANGE']._serialized_end=1353
-  _globals['_LEDGERSNAPSHOT']._serialized_start=1356
-  _globals['_LEDGERSNAPSHOT']._serialized_end=1587
-  _globals['_CHECKPOINTREPORT']._serialized_start=1589
-  _globals['_CHECKPOINTREPORT']._serialized_end=1695
-  _globals['_CHECKPOINTREPLY']._serialized_start=1697
-  _globals['_CHECKPOINTREPLY']._serialized_end=1735
+  _globals['_GETSHARDREQUEST']._serialized_start=359
+  _globals['_GETSHARDREQUEST']._serialized_end=488
+  _globals['_SHARD']._serialized_start=490
+  _globals['_SHARD']._serialized_end=582
+  _globals['_GETSHARDREPLY']._serialized_start=585
+  _globals['_GETSHARDREPLY']._serialized_end=727
+  _globals['_GETSHARDREPLY_STATUS']._serialized_start=686
+  _globals['_GETSHARDREPLY_STATUS']._serialized_end=727
+  _globals['_PROGRESSREPORT']._serialized_start=729
+  _globals['_PROGRESSREPORT']._serialized_end=789
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=792
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1053
+  _globals['_REPORTPROGRESSREPLY']._serialized_start=1055
+  _globals['_REPORTPROGRESSREPLY']._serialized_end=1108
+  _globals['_RETURNSHARDSREQUEST']._serialized_start=1110
+  _globals['_RETURNSHARDSREQUEST']._serialized_end=1183
+  _globals['_RETURNSHARDSREPLY']._serialized_start=1185
+  _globals['_RETURNSHARDSREPLY']._serialized_end=1230
+  _globals['_LEDGERREQUEST']._serialized_start=1232
+  _globals['_LEDGERREQUEST']._serialized_end=1320
+  _globals['_SHARDRANGE']._serialized_start=1322
+  _globals['_SHARDRANGE']._serialized_end=1377
+  _globals['_LEDGERSNAPSHOT']._serialized_start=1380
+  _globals['_LEDGERSNAPSHOT']._serialized_end=1611
+  _globals['_CHECKPOINTREPORT']._serialized_start=1613
+  _globals['_CHECKPOINTREPORT']._serialized_end=1719
+  _globals['_CHECKPOINTREPLY']._serialized_start=1721
+  _globals['_CHECKPOINTREPLY']._serialized_end=1759
 # @@protoc_insertion_point(module_scope)

@@ -41,16 +41,18 @@ class CreateDatasetReply(_message.Message):
     def __init__(self, created: bool = ...) -> None: ...
 
 class GetShardRequest(_message.Message):
-    __slots__ = ("node", "dataset", "wait_ms", "request_id")
+    __slots__ = ("node", "dataset", "wait_ms", "request_id", "indices_local")
     NODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDICES_LOCAL_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.NodeRef
     dataset: str
     wait_ms: int
     request_id: int
-    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., wait_ms: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+    indices_local: bool
+    def __init__(self, node: _Optional[_Union[_common_pb2.NodeRef, _Mapping]] = ..., dataset: _Optional[str] = ..., wait_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., indices_local: bool = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("shard_id", "epoch", "start", "end", "record_indices")

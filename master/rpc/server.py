@@ -229,7 +229,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.request_id < 0:
             raise ValueError(f"request_id must be >= 0, got {request.request_id}")
         grant = self.job.sharding.get_shard(
-            request.dataset, node.id, request.wait_ms / 1000, request.request_id
+            request.dataset,
+            node.id,
+            request.wait_ms / 1000,
+            request.request_id,
+            indices=not request.indices_local,
         )
         if grant.status == ShardStatus.SHARD:
             self.job.nodes.note_progress(node, stepped=False)
@@ -241,7 +245,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     epoch=s.epoch,
                     start=s.start,
                     end=s.end,
-                    record_indices=encode_indices(grant.indices),
+                    record_indices=b"" if grant.indices is None else encode_indices(grant.indices),
                 ),
             )
         status = (

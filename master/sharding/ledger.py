@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from master.sharding.permutation import permute_array
+from master.shuffle.permutation import record_indices
 
 __all__ = [
     "BadReportError",
@@ -210,9 +210,10 @@ class DatasetLedger:
             0 <= shard.start <= shard.end <= self.spec.size
         ):
             raise LedgerError(f"shard {shard} does not fit dataset {self.spec.name!r}")
-        if not self.spec.shuffle:
-            return np.arange(shard.start, shard.end, dtype=np.int64)
-        return permute_array(shard.start, shard.end, self.spec.size, self.spec.seed, shard.epoch)
+        spec = self.spec
+        return record_indices(
+            shard.start, shard.end, spec.size, spec.shuffle, spec.seed, shard.epoch
+        )
 
     def report(self, holder: int, shard_id: int, consumed: int) -> bool:
         """Record the cumulative records consumed in a held shard; True once it is done."""

@@ -186,11 +186,17 @@ class ShardingService:
     # -- shards -------------------------------------------------------------
 
     def get_shard(
-        self, name: str, holder: int, wait_seconds: float = 0.0, request_id: int = 0
+        self,
+        name: str,
+        holder: int,
+        wait_seconds: float = 0.0,
+        request_id: int = 0,
+        indices: bool = True,
     ) -> ShardGrant:
         """Next shard for `holder`; waits up to wait_seconds while others still hold shards.
 
-        A repeated `request_id` gets the shard that ask already got (its answer was lost)."""
+        A repeated `request_id` gets the shard that ask already got (its answer was lost).
+        `indices`: with the shard's record indices (a node that computes them asks without)."""
         entry = self._entry(name)
         deadline = time.monotonic() + max(0.0, wait_seconds)
         with entry.cond:
@@ -218,7 +224,9 @@ class ShardingService:
         # Durable before the node learns of it: a restarted master must know who holds it.
         self._commit(entry, version)
         # Pure in (spec, shard): computed outside the lock.
-        return ShardGrant(ShardStatus.SHARD, shard, ledger.record_indices(shard))
+        return ShardGrant(
+            ShardStatus.SHARD, shard, ledger.record_indices(shard) if indices else None
+        )
 
     def keep_work_for(self, holder: int | None, datasets: Iterable[str] = ()) -> None:
         """Grant shards of `datasets` to `holder` only (other asks wait), so a fault due on a

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.sharding import permutation
-from master.sharding.permutation import permute, permute_array, permute_range
+from master.shuffle import permutation
+from master.shuffle.permutation import permute, permute_array, permute_range
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 100, 255, 256, 257, 1000, 4097, 70_000])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["permute", "permute_array", "permute_range"]
+__all__ = ["permute", "permute_array", "permute_range", "record_indices"]
 
 # The domain is the smallest power of two >= max(size, 2**_MIN_BITS), split into a high and a low
 # half that differ by one bit when the bit count is odd. Even rounds XOR the high half with a keyed
@@ -90,12 +90,24 @@ def permute_range(start: int, end: int, size: int, seed: int, epoch: int) -> lis
     return permute_array(start, end, size, seed, epoch).tolist()
 
 
-def permute_array(start: int, end: int, size: int, seed: int, epoch: int) -> np.ndarray:
+def record_indices(
+    start: int, end: int, size: int, shuffle: bool, seed: int, epoch: int, cached: bool = True
+) -> np.ndarray:
+    """The record indices at positions [start, end) of an epoch's order of [0, size), as an
+    int64 array: shuffled per (seed, epoch), or in order."""
+    if not shuffle:
+        return np.arange(start, end, dtype=np.int64)
+    return permute_array(start, end, size, seed, epoch, cached)
+
+
+def permute_array(
+    start: int, end: int, size: int, seed: int, epoch: int, cached: bool = True
+) -> np.ndarray:
     """The shuffled record indices at positions [start, end), as an int64 array.
 
-    A short range of a large dataset is cut from its block of _BLOCK positions, computed once:
-    shards are dealt in position order, so one block serves the next ~64 shards of 1,024
-    records, and a numpy pass costs about the same for 64 positions as for 65,536."""
+    `cached`: a short range of a large dataset is cut from its block of _BLOCK positions,
+    computed once: the master deals shards in position order, so one block serves its next
+    ~64 shards of 1,024 records. A node computing only its own shards asks without."""
     if end < start:
         raise ValueError(f"range end {end} is before its start {start}")
     if start == end:
@@ -105,7 +117,7 @@ def permute_array(start: int, end: int, size: int, seed: int, epoch: int) -> np.
     if size == 1:
         return np.zeros(1, dtype=np.int64)
     first, last = start // _BLOCK, (end - 1) // _BLOCK
-    if size >= 2 * _BLOCK and end - start <= _BLOCK // 4 and last - first <= 1:
+    if cached and size >= 2 * _BLOCK and end - start <= _BLOCK // 4 and last - first <= 1:
         base = first * _BLOCK
         block = _block(size, seed, epoch, first)
         if last == first:
