@@ -83,10 +83,13 @@ def run_worker_kill_job(tmp_path, *args, records=RECORDS, env=None):
     assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
     faults = _events(summary["run_dir"], "fault", "fault_waiting")
-    assert w1[0]["exit_reason"] == "killed" and w1[-1]["status"] == "succeeded", faults
+    # Relaunched; on a loaded machine the others may finish the data before the relaunch
+    # (a Ray actor importing TF) trains, and it is then stopped with the job, not failed.
+    assert w1[0]["exit_reason"] == "killed" and len(w1) == 2, faults
+    assert w1[-1]["status"] == "succeeded" or w1[-1]["exit_reason"] == "stopped", w1
     assert all(n["status"] == "deleted" for n in summary["nodes"] if n["type"] == "ps")
     files = check_trained_ids(ids, records, extra_batches=1)
-    assert len(files) >= 4, files  # chief, worker 0, and both incarnations of worker 1
+    assert len(files) >= 3, files  # chief, worker 0, worker 1 (and its relaunch if it trained)
     return summary
 
 

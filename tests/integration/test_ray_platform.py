@@ -357,7 +357,8 @@ def test_fake_job_on_ray_survives_a_worker_kill(ray_address, tmp_path):
     d = summary["datasets"]["train"]
     assert d["records_done"] == d["size"] * d["epochs"] == 6000
     w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
-    assert [n["exit_reason"] for n in w1] == ["killed", "succeeded"]
+    # The relaunch succeeds, or is stopped with the job when the others finished the data first.
+    assert [n["exit_reason"] for n in w1] in (["killed", "succeeded"], ["killed", "stopped"])
     counts = trained_counts(tmp_path)
     assert counts.min() == 2
     assert int((counts - 2).sum()) <= 16  # at most the one batch in flight at the kill
