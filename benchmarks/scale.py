@@ -212,6 +212,8 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "master_cpu_cores": round((own1[1] - own0[1]) / wall, 3),
         "master_rss_mb": round(own_end[4], 1),
         "master_threads": own1[5],
+        # Cores per thread group over the window, largest first (the loop, the pool, ...).
+        "master_thread_cores": _thread_cores(own0[6], own1[6], wall),
         "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
@@ -250,6 +252,13 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "other_load_cores": round(max(0.0, other_cpu) / seconds, 3),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _thread_cores(before: dict, after: dict, wall: float) -> dict[str, float]:
+    """Each thread group's CPU over the window in cores, largest first (threads that ended
+    during it are not counted)."""
+    cores = {k: (v - before.get(k, 0.0)) / wall for k, v in after.items()}
+    return {k: round(v, 3) for k, v in sorted(cores.items(), key=lambda kv: -kv[1]) if v >= 0.005}
 
 
 # -- the 256-node rendezvous --------------------------------------------------------------------
@@ -351,6 +360,9 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
             f"{r['loadavg'][0]:.1f}",
         ]
         w(" | ".join(cols) + "\n")
+    for r in sweep:
+        threads = ", ".join(f"{k} {v:.2f}" for k, v in r["master_thread_cores"].items())
+        w(f"N={r['nodes']}: master cores per thread: {threads}\n")
     w(
         f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
         f"us/msg: its CPU per message\n(progress messages, heartbeats, shard asks); "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import threading
@@ -50,13 +51,30 @@ def simulated_platform():
     return SimulatedPlatform()
 
 
+def thread_group(name: str) -> str:
+    """A Python thread's name without its pool index ("rpc-wait_3" -> "rpc-wait")."""
+    return re.sub(r"[_-]\d+$", "", name)
+
+
+def thread_cpu(me) -> dict[str, float]:
+    """CPU seconds so far of this process's threads, summed per Python thread name (pool
+    indices dropped); threads Python did not start (gRPC's core, SQLite's) are "native"."""
+    names = {t.native_id: thread_group(t.name) for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in me.threads():
+        group = names.get(t.id, "native")
+        out[group] = out.get(group, 0.0) + t.user_time + t.system_time
+    return out
+
+
 def master_main(
     conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "aio"
 ) -> None:
     """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
-    threads); "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
+    threads, CPU seconds per thread group); "detected" -> [(node id, monotonic time of its
+    heartbeat_lost event)]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
     import psutil
@@ -136,7 +154,15 @@ def master_main(
                 rss = me.memory_info().rss / 2**20
                 peak[0] = max(peak[0], rss)
                 conn.send(
-                    ("cpu", t.user + t.system, time.monotonic(), rss, peak[0], me.num_threads())
+                    (
+                        "cpu",
+                        t.user + t.system,
+                        time.monotonic(),
+                        rss,
+                        peak[0],
+                        me.num_threads(),
+                        thread_cpu(me),
+                    )
                 )
             elif request == "detected":
                 conn.send(("detected", list(detected)))
