@@ -52,8 +52,9 @@ def simulated_platform():
 
 
 def thread_group(name: str) -> str:
-    """A Python thread's name without its pool index ("rpc-wait_3" -> "rpc-wait")."""
-    return re.sub(r"[_-]\d+$", "", name)
+    """A Python thread's name without its indices ("rpc-wait_3" -> "rpc-wait", "Thread-2
+    (_poll_wrapper)" -> "Thread (_poll_wrapper)", gRPC's poller)."""
+    return re.sub(r"[_-]?\d+", "", name)
 
 
 def thread_cpu(me) -> dict[str, float]:
