@@ -164,6 +164,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     break
                 time.sleep(0.2)
             own_end = _ask(master, "cpu", "reading its memory")
+            lag_raw = _ask(master, "lags", "reading its loop lag")[1]
         finally:
             for child in reversed(children):
                 child.stop()
@@ -185,6 +186,9 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     if call_errors:
         log.info("N=%d: failed calls retried or gone on from: %s", n, call_errors)
     latency = {k: array("d") for k in (*UNARY_KINDS, "stream_write")}
+    lags = array("d")
+    lags.frombytes(lag_raw)
+    lags = sorted(lags[own0[7] : own1[7]])  # the window's samples
     late = array("d")
     for r in results:
         for k, raw in r["latency"].items():
@@ -214,6 +218,12 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "master_threads": own1[5],
         # Cores per thread group over the window, largest first (the loop, the pool, ...).
         "master_thread_cores": _thread_cores(own0[6], own1[6], wall),
+        # How late the aio server's loop ran a ready callback (a 10 ms sleep's wake-up).
+        "loop_lag_ms": {
+            q: round(percentile(lags, p) * 1000, 1) for q, p in (("p50", 50), ("p99", 99))
+        }
+        if lags
+        else None,
         "rpc_p99_ms": max((per_kind[k]["p99_ms"] or 0.0) for k in UNARY_KINDS),
         "rpc": per_kind,
         "shard_round_trips_per_s": round(shards / seconds, 1),
@@ -362,7 +372,9 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         w(" | ".join(cols) + "\n")
     for r in sweep:
         threads = ", ".join(f"{k} {v:.2f}" for k, v in r["master_thread_cores"].items())
-        w(f"N={r['nodes']}: master cores per thread: {threads}\n")
+        lag = r["loop_lag_ms"]
+        shown = f"; loop lag p50 {lag['p50']} ms, p99 {lag['p99']} ms" if lag else ""
+        w(f"N={r['nodes']}: master cores per thread: {threads}{shown}\n")
     w(
         f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
         f"us/msg: its CPU per message\n(progress messages, heartbeats, shard asks); "

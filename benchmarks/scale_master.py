@@ -3,6 +3,7 @@ the standalone rendezvous master of its 256-node rendezvous."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -10,7 +11,9 @@ import secrets
 import signal
 import threading
 import time
+from array import array
 
+LAG_TICK_S = 0.01  # the loop-lag probe sleeps this long at a time
 HEARTBEAT_INTERVAL_MS = 1000  # what the master tells nodes (they beat at 1 Hz here anyway)
 READY_TIMEOUT_S = 180.0
 
@@ -68,14 +71,28 @@ def thread_cpu(me) -> dict[str, float]:
     return out
 
 
+def watch_loop_lag(loop, lags: array) -> None:
+    """On `loop`, sleep LAG_TICK_S again and again and append how late each wake-up came: how
+    long a ready callback waits for the loop (its iterations' length)."""
+
+    async def probe() -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(LAG_TICK_S)
+            lags.append(time.monotonic() - t - LAG_TICK_S)
+
+    asyncio.run_coroutine_threadsafe(probe(), loop)
+
+
 def master_main(
     conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "aio"
 ) -> None:
     """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
-    threads, CPU seconds per thread group); "detected" -> [(node id, monotonic time of its
-    heartbeat_lost event)]."""
+    threads, CPU seconds per thread group, loop-lag samples so far); "lags" -> the aio
+    server's loop-lag samples (seconds, array "d" bytes); "detected" -> [(node id, monotonic
+    time of its heartbeat_lost event)]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
     import psutil
@@ -137,6 +154,9 @@ def master_main(
     conn.send(("ready", port, token, nodes))
     me = psutil.Process()
     peak = [0.0]
+    lags = array("d")
+    if server_kind == "aio":
+        watch_loop_lag(server.loop, lags)
 
     def sample_rss() -> None:
         while runner.is_alive():
@@ -163,8 +183,11 @@ def master_main(
                         peak[0],
                         me.num_threads(),
                         thread_cpu(me),
+                        len(lags),
                     )
                 )
+            elif request == "lags":
+                conn.send(("lags", lags.tobytes()))
             elif request == "detected":
                 conn.send(("detected", list(detected)))
             else:
