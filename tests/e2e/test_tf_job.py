@@ -148,16 +148,23 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
-    rollback = [e["message"] for e in summary["events"] if e["kind"] == "rollback"]
+    rollback = [e for e in summary["events"] if e["kind"] == "rollback"]
     assert len(rollback) == 1, summary["events"]
-    redo = int(rollback[0].split("(")[1].split(" records")[0].replace(",", ""))
-    ckpt_step = int(rollback[0].split("checkpoint step ")[1].split(" ")[0])
+    details = rollback[0]["details"]
+    redo, ckpt_step = details["records_to_redo"], details["checkpoint_step"]
     # The chief checkpoints every 500 of its steps; async workers move the global step on.
     assert 500 <= ckpt_step < 1000 and redo > 0, rollback
+    # A periodic save is not coordinated (README): its data position is saved just before the
+    # saver reads the variables, so the steps workers take in between are in the restored model
+    # and their batches go again (seen under load: model.ckpt-541 holding global step 657, its
+    # position saved at 541, 116 steps trained twice).
+    during_save = ckpt_step - details["position_step"]
+    assert 0 <= during_save < 500, rollback
     steps = records * EPOCHS // BATCH
-    # The model applied every batch once: the global step restored at 500 climbs to the total
-    # (a few more when workers flush short batches while they wait for others' last shards).
-    assert steps <= summary["global_step"] <= steps * 1.02 + 3, summary["global_step"]
+    # The model applied every batch once but for those: the global step climbs to the total (a
+    # few more when workers flush short batches while they wait for others' last shards).
+    top = steps * 1.02 + 3 + during_save
+    assert steps <= summary["global_step"] <= top, (summary["global_step"], rollback)
     trained = np.concatenate(
         [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
     )
