@@ -218,6 +218,8 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "master_threads": own1[5],
         # Cores per thread group over the window, largest first (the loop, the pool, ...).
         "master_thread_cores": _thread_cores(own0[6], own1[6], wall),
+        # Per method, the mean time its handlers took (accepted to answered) in the window.
+        "handler_mean_ms": _handler_means(own0[8], own1[8]),
         # How late the aio server's loop ran a ready callback (a 10 ms sleep's wake-up).
         "loop_lag_ms": {
             q: round(percentile(lags, p) * 1000, 1) for q, p in (("p50", 50), ("p99", 99))
@@ -262,6 +264,16 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "other_load_cores": round(max(0.0, other_cpu) / seconds, 3),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _handler_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean handler milliseconds per method over the window (methods called in it)."""
+    out = {}
+    for method, (calls, seconds) in after.items():
+        calls0, seconds0 = before.get(method, (0.0, 0.0))
+        if calls > calls0:
+            out[method] = round((seconds - seconds0) / (calls - calls0) * 1000, 2)
+    return out
 
 
 def _thread_cores(before: dict, after: dict, wall: float) -> dict[str, float]:
@@ -375,6 +387,8 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         lag = r["loop_lag_ms"]
         shown = f"; loop lag p50 {lag['p50']} ms, p99 {lag['p99']} ms" if lag else ""
         w(f"N={r['nodes']}: master cores per thread: {threads}{shown}\n")
+        means = ", ".join(f"{k} {v} ms" for k, v in r["handler_mean_ms"].items())
+        w(f"N={r['nodes']}: handler mean (accepted to answered): {means}\n")
     w(
         f"\nmaster cores: the master process's CPU seconds per wall second (read by itself); "
         f"us/msg: its CPU per message\n(progress messages, heartbeats, shard asks); "

@@ -84,13 +84,27 @@ def watch_loop_lag(loop, lags: array) -> None:
     asyncio.run_coroutine_threadsafe(probe(), loop)
 
 
+def handler_seconds(histogram) -> dict[str, tuple[float, float]]:
+    """Per RPC method: (calls, seconds) its handlers took so far (the timing interceptor's
+    histogram: from the handler's start to its end, not counting the wait to be accepted)."""
+    out: dict[str, list[float]] = {}
+    for metric in histogram.collect():
+        for sample in metric.samples:
+            kind = sample.name.rsplit("_", 1)[-1]
+            if kind in ("count", "sum"):
+                slot = out.setdefault(sample.labels["method"], [0.0, 0.0])
+                slot[kind == "sum"] += sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def master_main(
     conn, tmp_dir: str, workers: int, ps: int, timeout_s: float, server_kind: str = "aio"
 ) -> None:
     """Run a job of `workers` + `ps` simulated nodes; answer the parent's requests until "stop".
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
-    threads, CPU seconds per thread group, loop-lag samples so far); "lags" -> the aio
+    threads, CPU seconds per thread group, loop-lag samples so far, handler (calls, seconds)
+    per method); "lags" -> the aio
     server's loop-lag samples (seconds, array "d" bytes); "detected" -> [(node id, monotonic
     time of its heartbeat_lost event)]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -184,6 +198,7 @@ def master_main(
                         me.num_threads(),
                         thread_cpu(me),
                         len(lags),
+                        handler_seconds(observability.metrics.rpc_seconds),
                     )
                 )
             elif request == "lags":
