@@ -104,9 +104,8 @@ def master_main(
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
     threads, CPU seconds per thread group, loop-lag samples so far, handler (calls, seconds)
-    per method); "lags" -> the aio
-    server's loop-lag samples (seconds, array "d" bytes); "detected" -> [(node id, monotonic
-    time of its heartbeat_lost event)]."""
+    per method); "lags" -> the aio server's loop-lag samples (seconds, array "d" bytes);
+    "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
     import psutil
