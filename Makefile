@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/import_graph.py
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # Skips the slow end-to-end tests (CI still runs them through `make test`).
 test-fast: $(STAMP)
