@@ -475,15 +475,16 @@ class ShardingService:
                 leases = dict.fromkeys(stale[:MAX_LEASE_ROWS_PER_WRITE])
                 entry.rewrite_all = True
         name = head["spec"]["name"]
-        puts = [(LEDGER_TABLE, name, json.dumps(head).encode())]
-        deletes = []
-        for sid, record in leases.items():
-            if record is not None:
-                puts.append((LEASE_TABLE, _lease_key(name, sid), json.dumps(record).encode()))
-            elif sid in entry.stored:
-                deletes.append((LEASE_TABLE, _lease_key(name, sid)))
         try:
-            self._store.write(puts, deletes)
+            with self._store.transaction():
+                self._store.put(LEDGER_TABLE, name, json.dumps(head).encode())
+                for sid, record in leases.items():
+                    key = _lease_key(name, sid)
+                    if record is None:
+                        if sid in entry.stored:
+                            self._store.delete(LEASE_TABLE, key)
+                    else:
+                        self._store.put(LEASE_TABLE, key, json.dumps(record).encode())
         except BaseException:
             with entry.cond:
                 if entry.ledger is ledger:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 
@@ -33,17 +32,6 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, table: str, key: str) -> None:
         """Remove (table, key); deleting a missing key is not an error."""
-
-    def write(
-        self, puts: Sequence[tuple[str, str, bytes]], deletes: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        """Store every (table, key, value) and remove every (table, key), all or nothing; inside
-        a transaction, part of it. Stores override it where one call is cheaper than many."""
-        with self.transaction():
-            for table, key, value in puts:
-                self.put(table, key, value)
-            for table, key in deletes:
-                self.delete(table, key)
 
     @abc.abstractmethod
     def scan(self, table: str) -> dict[str, bytes]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from master.state.api import StateStore, StateStoreError
 
@@ -133,39 +132,19 @@ class SQLiteStateStore(StateStore):
         return None if row is None else bytes(row[0])
 
     def put(self, table: str, key: str, value: bytes) -> None:
-        value = _blob(table, key, value)
+        _check_names(table, key)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"state store value must be bytes, got {type(value).__name__}")
         with self._lock:
-            self._connection().execute(_INSERT, (table, key, value))
-
-    def write(
-        self, puts: Sequence[tuple[str, str, bytes]], deletes: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        rows = [(table, key, _blob(table, key, value)) for table, key, value in puts]
-        for table, key in deletes:
-            _check_names(table, key)
-        if not rows and not deletes:
-            return
-        if not deletes and len(rows) <= _ROWS_PER_STATEMENT:
-            # One statement is atomic on its own, without the two round trips of BEGIN and
-            # COMMIT (inside a transaction, it is part of it): a shard grant is one such write.
-            with self._lock:
-                conn = self._connection()
-                try:
-                    conn.execute(_insert_rows(len(rows)), [v for row in rows for v in row])
-                except sqlite3.Error as e:
-                    if self._depth:
-                        raise
-                    raise StateStoreError(f"state store {self.path!r}: write failed: {e}") from e
-            return
-        with self.transaction():
-            conn = self._connection()
-            conn.executemany(_INSERT, rows)
-            conn.executemany(_DELETE, deletes)
+            self._connection().execute(
+                "INSERT OR REPLACE INTO kv (tbl, key, value) VALUES (?, ?, ?)",
+                (table, key, bytes(value)),
+            )
 
     def delete(self, table: str, key: str) -> None:
         _check_names(table, key)
         with self._lock:
-            self._connection().execute(_DELETE, (table, key))
+            self._connection().execute("DELETE FROM kv WHERE tbl = ? AND key = ?", (table, key))
 
     def scan(self, table: str) -> dict[str, bytes]:
         _check_names(table)
@@ -220,26 +199,6 @@ class SQLiteStateStore(StateStore):
                 self._checkpointer.join(timeout=5)  # it never takes the lock
             self._conn.close()
             self._conn = None
-
-
-_INSERT = "INSERT OR REPLACE INTO kv (tbl, key, value) VALUES (?, ?, ?)"
-_DELETE = "DELETE FROM kv WHERE tbl = ? AND key = ?"
-# Rows one INSERT may carry: 3 parameters each, under the oldest SQLite's limit of 999.
-_ROWS_PER_STATEMENT = 300
-
-
-@functools.lru_cache(maxsize=16)
-def _insert_rows(count: int) -> str:
-    """One INSERT OR REPLACE of `count` rows."""
-    return _INSERT.rpartition(" VALUES ")[0] + " VALUES " + ", ".join(["(?, ?, ?)"] * count)
-
-
-def _blob(table: str, key: str, value: object) -> bytes:
-    """The value as stored, once the names and the value's type are checked."""
-    _check_names(table, key)
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise TypeError(f"state store value must be bytes, got {type(value).__name__}")
-    return bytes(value)
 
 
 def _check_names(*names: object) -> None:

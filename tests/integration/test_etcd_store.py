@@ -32,7 +32,6 @@ from tests.unit.test_state_store import (  # noqa: F401
     test_transaction_rolls_back_on_exception,
     test_type_errors,
     test_uncommitted_writes_are_invisible_to_other_threads,
-    test_write_puts_and_deletes_all_or_nothing,
 )
 
 

@@ -29,8 +29,7 @@ SPEC = DatasetSpec("ds", size=10_000, batch_size=10, records_per_shard=100)
 
 
 class CountingStore(SQLiteStateStore):
-    """SQLite store that counts committed outermost transactions (a `write` is one) and can
-    fail the next ones."""
+    """SQLite store that counts committed outermost transactions and can fail the next ones."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -59,10 +58,6 @@ class CountingStore(SQLiteStateStore):
                 self._nesting.depth = depth
             if depth == 0:
                 self.commits += 1
-
-    def write(self, puts, deletes=()) -> None:
-        with self.transaction():  # counted, gated and failed as one outermost write
-            super().write(puts, deletes)
 
 
 def reopened(path: Path) -> ShardingService:

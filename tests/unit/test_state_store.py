@@ -67,34 +67,6 @@ def test_type_errors(store: SQLiteStateStore) -> None:
         store.get("t", 1)  # type: ignore[arg-type]
 
 
-def test_write_puts_and_deletes_all_or_nothing(store: SQLiteStateStore) -> None:
-    store.put("t", "gone", b"0")
-    store.write([("t", "a", b"1"), ("u", "b", bytearray(b"2"))])  # puts alone
-    store.write([("t", "a", b"1'")], [("t", "gone"), ("t", "missing")])  # puts and deletes
-    assert store.scan("t") == {"a": b"1'"}
-    assert store.scan("u") == {"b": b"2"}
-    store.write([])  # nothing to do
-    # More rows than one SQLite statement carries; as many as etcd's transaction takes.
-    limit = store.max_writes_per_transaction
-    many = [
-        ("m", f"{i:04d}", bytes([i % 256])) for i in range(1000 if limit is None else limit - 1)
-    ]
-    store.write(many, [("u", "b")])
-    assert store.scan("m") == {key: value for _, key, value in many}
-    assert store.scan("u") == {}
-    with pytest.raises(TypeError, match="value must be bytes"):
-        store.write([("t", "b", b"fine"), ("t", "c", "text")])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="table and key must be str"):
-        store.write([("t", "b", b"fine")], [("t", 3)])  # type: ignore[list-item]
-    assert store.get("t", "b") is None  # a bad item: nothing of the call is written
-    # Inside a transaction it is part of it: undone with it.
-    with pytest.raises(Boom), store.transaction():
-        store.write([("t", "a", b"new"), ("t", "x", b"x")])
-        assert store.get("t", "x") == b"x"
-        raise Boom
-    assert store.scan("t") == {"a": b"1'"}
-
-
 def test_transaction_commits(store: SQLiteStateStore) -> None:
     with store.transaction():
         store.put("t", "a", b"1")
