@@ -176,8 +176,8 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
 
 
 def test_tf_ps_job_survives_its_master_being_killed_mid_epoch(tmp_path):
-    """The state on etcd instead of SQLite is the same story with the fake trainer:
-    tests/integration/test_master_restart.py, ..._resumes_from_etcd."""
+    """The same story with the state on etcd runs with the fake trainer: test_master_restart.py's
+    test_master_killed_with_its_state_on_etcd_resumes_from_etcd."""
     ids = write_job(tmp_path, eval_records=1024)
     summary_path = tmp_path / "s.json"
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
