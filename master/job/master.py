@@ -483,6 +483,7 @@ class JobMaster(
                 if not node.state.ended:
                     self.nodes.mark_exited(node.id, -signal.SIGTERM, ExitReason.STOPPED)
             self.sharding.close()
+            self.kv.close()  # a node's KV wait still open must not hold the master's exit
 
     def _set_state(self, state: JobState, reason: str) -> None:
         self.state = state

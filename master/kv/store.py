@@ -36,6 +36,7 @@ class KVStore:
         self._cond = threading.Condition()
         self._data: dict[bytes, bytes] = {}
         self._listeners: list[Callable[[bytes, bytes], None]] = []
+        self._closed = False
         if store is not None:
             for hex_key, value in store.scan(TABLE).items():
                 self._data[bytes.fromhex(hex_key)] = value
@@ -137,6 +138,13 @@ class KVStore:
         with self._cond:
             return len(self._data)
 
+    def close(self) -> None:
+        """End every wait now and any later one at once: the master is stopping, and a handler
+        thread blocked in a wait would hold the process's exit until the wait timed out."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
     def wake(self) -> None:
         """Wake every waiter so it re-checks (e.g. its RPC was cancelled)."""
         with self._cond:
@@ -154,7 +162,7 @@ class KVStore:
         deadline = time.monotonic() + timeout
         while not ready():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not is_active():
+            if remaining <= 0 or self._closed or not is_active():
                 return False
             self._cond.wait(remaining)
         return True

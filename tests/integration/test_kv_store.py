@@ -326,3 +326,21 @@ def test_a_cancelled_wait_frees_its_thread_before_the_timeout():
     kv.wake()
     waiter.join(timeout=60)
     assert not waiter.is_alive() and result == [None]
+
+
+def test_closing_the_store_ends_every_wait_now_and_later():
+    """The master closes its store when the job ends: a node's wait still open must not hold
+    a server thread, and so the master's exit, until its timeout."""
+    kv = KVStore()
+    result: list = []
+    waiter = threading.Thread(target=lambda: result.append(kv.wait([b"never"], 600)))
+    waiter.start()
+    kv.close()
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and result == [False]
+    late = threading.Thread(target=lambda: result.append(kv.get(b"never", 600)))
+    late.start()
+    late.join(timeout=60)
+    assert not late.is_alive() and result == [False, None]
+    kv.set(b"k", b"v")  # what is there is still answered
+    assert kv.get(b"k", 600) == b"v"
