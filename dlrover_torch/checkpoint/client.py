@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class ServiceClient:
             path,
             "--namespace",
             namespace,
+            "--remove-socket-dir",
         ]
         # Own session: a signal to the training job's process group must not cut a persist short.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
@@ -77,6 +79,7 @@ class ServiceClient:
         if line.strip() != b"ready":
             proc.kill()
             proc.wait()
+            shutil.rmtree(sock_dir, ignore_errors=True)
             raise CheckpointError(
                 f"the standalone checkpoint service did not start (exit code {proc.poll()}); "
                 "see its log above"

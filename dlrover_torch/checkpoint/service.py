@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import socket
 import sys
 import threading
@@ -210,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--namespace", required=True)
+    parser.add_argument(
+        "--remove-socket-dir",
+        action="store_true",
+        help="the socket's folder was made for this service: remove it when the service ends",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
@@ -217,10 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     service = PersistService(args.socket, args.namespace)
     service.start()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    service.wait_abandoned()
+    try:
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the training process died before it read this: nobody will come
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        log.warning("the process that started this service is gone; exiting")
+    else:
+        service.wait_abandoned()
     service.close(unlink_segments=False)  # a restarted worker reloads from these
+    if args.remove_socket_dir:
+        shutil.rmtree(os.path.dirname(args.socket), ignore_errors=True)
     return 0
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -97,6 +98,27 @@ def test_round_trip_through_memory_then_disk(ckdir):
     assert_usable_like_torch_load(loaded)
     ck2.close()
     assert storage.read_tracker(ckdir) == 7
+
+
+def _service_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "dlrover-ckpt-*")))
+
+
+def test_a_standalone_service_leaves_no_socket_folder_behind(tmp_path, ckdir):
+    """Closed, or its training process SIGKILLed: the service's socket folder in the temp
+    dir goes with the service (one was left per training run before)."""
+    before = _service_dirs()
+    ck = Checkpointer(ckdir)
+    ck.save(1, training_state(seed=2), "memory")
+    ck.wait()
+    assert len(_service_dirs() - before) == 1
+    ck.close()
+    assert _service_dirs() - before == set()
+    save_and_get_killed(tmp_path)  # its service persists what it holds, then ends
+    deadline = time.monotonic() + 60
+    while _service_dirs() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _service_dirs() - before == set()
 
 
 def test_keep_latest_prunes_old_steps(ckdir):
