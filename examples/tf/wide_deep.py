@@ -455,6 +455,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model-dir", default=os.environ.get("DLROVER_MODEL_DIR", "./runs/wide_deep/model")
     )
     p.add_argument("--eval-records", type=int, default=20_000)
+    p.add_argument(
+        "--checkpoint-steps", type=int, default=500, help="the chief checkpoints every N steps"
+    )
     p.add_argument("--seed", type=int, default=0, help="shuffle and initialisation seed")
     p.add_argument(
         "--log-trained-ids",
@@ -483,7 +486,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parts = args.rehearse_hang.split(":")
         if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
             p.error(f"--rehearse-hang {args.rehearse_hang!r}: expected TASK:INDEX:STEP")
-    for name in ("records", "epochs", "batch_size", "eval_records"):
+    for name in ("records", "epochs", "batch_size", "eval_records", "checkpoint_steps"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -497,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     config = tf.estimator.RunConfig(
         model_dir=args.model_dir,
         tf_random_seed=args.seed,
-        save_checkpoints_steps=500,
+        save_checkpoints_steps=args.checkpoint_steps,
         keep_checkpoint_max=5,
         save_summary_steps=500,
         log_step_count_steps=500,

@@ -36,7 +36,7 @@ def _marked(marker: str) -> list[psutil.Process]:
 def test_tf_ps_job_on_ray_survives_worker_kill_with_exact_record_accounting(tmp_path):
     env = dict(os.environ, **{MARKER: str(tmp_path)})
     # No --ray-address: the master starts its own Ray cluster on loopback and must stop it.
-    summary = run_worker_kill_job(tmp_path, "--platform", "ray", records=RECORDS, env=env)
+    summary, _ = run_worker_kill_job(tmp_path, "--platform", "ray", records=RECORDS, env=env)
     logs = os.listdir(os.path.join(summary["run_dir"], "logs"))
     headers = [open(os.path.join(summary["run_dir"], "logs", f)).readline() for f in logs]
     assert all("on Ray node 127.0.0.1" in h for h in headers), headers
