@@ -134,7 +134,7 @@ def test_tf_workers_scale_2_3_1_while_training(tmp_path):
     # worker 2 came up after the job's 9 s of training). So the chief and workers 0 and 1 are
     # frozen at global step 100 until worker 2 has trained, and go on beside it; their
     # heartbeats stop meanwhile, so the job's heartbeat timeout is longer than the freeze.
-    records = 3 * RECORDS
+    records = 2 * RECORDS
 
     def reserve_slots(job):
         job["worker"]["reserve_slots"] = True  # TF_CONFIG lists the slots workers are added in
