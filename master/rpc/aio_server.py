@@ -22,6 +22,7 @@ import grpc
 from master.client.tls import ServerTLS
 from master.job.master import JobMaster
 from master.pb import data_pb2
+from master.rpc.aio_blocking import AioKVServicer, AioRendezvousServicer
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.rpc.rewrap import AioInterceptor
 from master.rpc.server import (
@@ -197,7 +198,12 @@ def start_aio_server(
             interceptors=[AioInterceptor(i) for i in chain],
             options=server_options(max_workers),
         )
-        add_services(server, AioMasterServicer(job, heartbeat_interval_ms))
+        add_services(
+            server,
+            AioMasterServicer(job, heartbeat_interval_ms),
+            AioKVServicer,
+            AioRendezvousServicer,
+        )
         bound[0] = bind_port(server, host, port, tls)
         return server
 

@@ -73,6 +73,11 @@ class KVServicer(kv_pb2_grpc.KVStoreServicer):
         return kv_pb2.KVNumKeysReply(count=self.kv.num_keys())
 
 
-def add_kv_service(server: grpc.Server, kv: KVStore, node_check: NodeCheck | None = None) -> None:
-    """Serve the KVStore service on server."""
-    kv_pb2_grpc.add_KVStoreServicer_to_server(KVServicer(kv, node_check), server)
+def add_kv_service(
+    server: grpc.Server,
+    kv: KVStore,
+    node_check: NodeCheck | None = None,
+    servicer: type[KVServicer] = KVServicer,
+) -> None:
+    """Serve the KVStore service on server (with `servicer`, a KVServicer class)."""
+    kv_pb2_grpc.add_KVStoreServicer_to_server(servicer(kv, node_check), server)

@@ -121,9 +121,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
 
 def add_rendezvous_service(
-    server: grpc.Server, rendezvous: RendezvousService, node_check: NodeCheck | None = None
+    server: grpc.Server,
+    rendezvous: RendezvousService,
+    node_check: NodeCheck | None = None,
+    servicer: type[RendezvousServicer] = RendezvousServicer,
 ) -> None:
-    """Serve the Rendezvous service on server."""
-    rendezvous_pb2_grpc.add_RendezvousServicer_to_server(
-        RendezvousServicer(rendezvous, node_check), server
-    )
+    """Serve the Rendezvous service on server (with `servicer`, a RendezvousServicer class)."""
+    rendezvous_pb2_grpc.add_RendezvousServicer_to_server(servicer(rendezvous, node_check), server)

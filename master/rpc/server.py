@@ -477,10 +477,16 @@ def bind_port(server: grpc.Server, host: str, port: int, tls: ServerTLS | None) 
     return bound
 
 
-def add_services(server: grpc.Server | grpc.aio.Server, servicer: MasterServicer) -> None:
-    """The Master service (`servicer`) and its job's Rendezvous and KV services."""
-    from master.rpc.kv_servicer import add_kv_service
-    from master.rpc.rendezvous_servicer import add_rendezvous_service
+def add_services(
+    server: grpc.Server | grpc.aio.Server,
+    servicer: MasterServicer,
+    kv_servicer: type | None = None,
+    rendezvous_servicer: type | None = None,
+) -> None:
+    """The Master service (`servicer`) and its job's Rendezvous and KV services (served by
+    the given servicer classes, else the sync ones)."""
+    from master.rpc.kv_servicer import KVServicer, add_kv_service
+    from master.rpc.rendezvous_servicer import RendezvousServicer, add_rendezvous_service
 
     job = servicer.job
 
@@ -488,8 +494,10 @@ def add_services(server: grpc.Server | grpc.aio.Server, servicer: MasterServicer
         check_node(job, ref)
 
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    add_rendezvous_service(server, job.rendezvous, node_check)
-    add_kv_service(server, job.kv, node_check)
+    add_rendezvous_service(
+        server, job.rendezvous, node_check, rendezvous_servicer or RendezvousServicer
+    )
+    add_kv_service(server, job.kv, node_check, kv_servicer or KVServicer)
 
 
 def start_server(

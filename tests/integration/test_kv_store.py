@@ -7,8 +7,11 @@ shows the expectation is torch's documented behaviour, not a quirk of our implem
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
+import traceback
 import uuid
 from datetime import timedelta
 
@@ -344,3 +347,47 @@ def test_closing_the_store_ends_every_wait_now_and_later():
     assert not late.is_alive() and result == [False, None]
     kv.set(b"k", b"v")  # what is there is still answered
     assert kv.get(b"k", 600) == b"v"
+
+
+_WAIT_FOR_A_KEY_THAT_NEVER_COMES = """
+import sys
+import master.client.kv as kv
+from master.client import KVClient, MasterClient, NodeIdentity
+kv.MAX_WAIT_CHUNK_MS = 60_000  # one call that waits a minute on the server
+client = MasterClient(sys.argv[1], sys.argv[2], NodeIdentity("worker", 0, int(sys.argv[3])))
+print("waiting", flush=True)
+KVClient(client).wait([b"never"], 60)
+"""
+
+
+def _threads_in_kv_waits() -> int:
+    return sum(
+        any(f.name == "_wait_for" and f.filename.endswith("kv/store.py") for f in stack)
+        for stack in map(traceback.extract_stack, sys._current_frames().values())
+    )
+
+
+def test_a_dead_clients_kv_wait_frees_its_server_thread_on_both_servers(harness):
+    """A node SIGKILLed in a minute-long KV wait: the server's handler thread returns soon after
+    (grpc.aio runs a sync handler's end callbacks only once it returned, so the aio server
+    runs its waits from coroutines that end them with the call)."""
+    node = harness.nodes[0]
+    argv = [harness.addr, TOKEN, str(node.id)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WAIT_FOR_A_KEY_THAT_NEVER_COMES, *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        deadline = time.monotonic() + 30
+        while _threads_in_kv_waits() == 0:
+            assert time.monotonic() < deadline, "the wait never reached the server"
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30  # half the wait: a thread held to its end fails
+    while _threads_in_kv_waits():
+        assert time.monotonic() < deadline, "the dead client's wait still holds a thread"
+        time.sleep(0.02)
