@@ -101,7 +101,9 @@ def test_round_trip_through_memory_then_disk(ckdir):
 
 
 def _service_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "dlrover-ckpt-*")))
+    """The socket folders of standalone persist services (not of dlrover-run agents)."""
+    found = glob.glob(os.path.join(tempfile.gettempdir(), "dlrover-ckpt-*"))
+    return {d for d in found if not os.path.basename(d).startswith("dlrover-ckpt-agent-")}
 
 
 def test_a_standalone_service_leaves_no_socket_folder_behind(tmp_path, ckdir):
