@@ -20,6 +20,7 @@ import shutil
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -30,6 +31,7 @@ from dlrover_torch.checkpoint.persister import PersistResult, persist_slot, read
 log = logging.getLogger(__name__)
 
 STANDALONE_IDLE_EXIT_S = 60.0  # a standalone service nobody connected to gives up after this
+PARENT_POLL_S = 0.2  # how often such a service checks that the process that started it lives
 
 
 class PersistService:
@@ -113,13 +115,21 @@ class PersistService:
             return self._cond.wait_for(lambda: self._busy == 0, timeout)
 
     def wait_abandoned(self) -> None:
-        """Block until every client has gone and no work is left (standalone mode's exit)."""
+        """Block until every client has gone and no work is left (standalone mode's exit);
+        without a first client, until the process that started this one died, or a timeout."""
+        parent = os.getppid()
+        deadline = time.monotonic() + STANDALONE_IDLE_EXIT_S
         with self._cond:
-            if not self._cond.wait_for(lambda: self._ever_connected, STANDALONE_IDLE_EXIT_S):
-                log.warning(
-                    "no checkpointer connected within %s s; exiting", STANDALONE_IDLE_EXIT_S
-                )
-                return
+            while not self._ever_connected:
+                if os.getppid() != parent:  # reparented: the training process is gone
+                    log.warning("the process that started this service died; exiting")
+                    return
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "no checkpointer connected within %s s; exiting", STANDALONE_IDLE_EXIT_S
+                    )
+                    return
+                self._cond.wait(PARENT_POLL_S)
             self._cond.wait_for(lambda: self._busy == 0 and self._connections == 0)
 
     def close(self, unlink_segments: bool = False) -> None:
