@@ -2,8 +2,13 @@
 
 The fake trainers share a lock standing for a PS that serves one update at a time
 (FAKE_PS_SECONDS), so throughput grows linearly up to 3 workers and is flat after: the
-scaler goes 1 -> 2 -> 3 -> 4, sees the 4th bring under 70% of a worker's rate, goes back to 3
+scaler goes 1 -> 2 -> 3 -> 4, sees the 4th bring under half a worker's rate, goes back to 3
 and stays there. Every record is trained; the decisions are in the events and `dlrover status`.
+
+A step sleeps twice as long as it holds the lock, so 3 workers fill the lock exactly and a 4th
+adds only what queueing took from 3 (measured: 16 and 30 records/s, a worker making 255). With a 4th worker
+adding half a worker's rate (a step 2.5 times the lock), whether it paid depended on a few
+percent of queueing (seen: 3 workers at 618 and 660 records/s, one side of 649 or the other).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 from tests.integration.test_local_job import DLROVER, start_submit, trained_counts, write_job
 
 SIZE = 12000
+MARGINAL_GAIN = 0.5  # a worker is kept when it adds at least half a worker's rate
 
 
 @pytest.mark.slow
@@ -27,8 +33,8 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
         workers=1,
         env={
             "FAKE_SIZE": str(SIZE),
-            "FAKE_STEP_SECONDS": "0.05",
-            "FAKE_PS_SECONDS": "0.02",  # the "PS" saturates at (0.05 + 0.02) / 0.02 = 3.5 workers
+            "FAKE_STEP_SECONDS": "0.04",
+            "FAKE_PS_SECONDS": "0.02",  # the "PS" saturates at (0.04 + 0.02) / 0.02 = 3 workers
         },
         worker={"replicas": 1, "max_replicas": 4, "max_relaunches": 2},
         autoscale={
@@ -38,6 +44,7 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
             "interval_seconds": 1,
             "window": 3,
             "settle_seconds": 2,
+            "marginal_gain": MARGINAL_GAIN,
         },
     )
     p = start_submit(job, tmp_path, "--status-interval", "5")
@@ -84,12 +91,11 @@ def test_workers_grow_while_throughput_pays_and_back_off_once(tmp_path):
     back = decisions[-1]
     assert "back to 3 workers: worker 4 added" in back["message"]
     table = back["details"]["throughput_table"]
-    # Each of the first three workers paid (>= 70% of a worker's rate), the 4th did not.
+    # Each of the first three workers paid (at least half a worker's rate), the 4th did not.
     per_worker = table["1"]
-    assert table["2"] - table["1"] >= 0.7 * per_worker and table["3"] - table["2"] >= 0.7 * (
-        table["2"] / 2
-    ), table
-    assert table["4"] - table["3"] < 0.7 * table["3"] / 3, table
+    assert table["2"] - table["1"] >= MARGINAL_GAIN * per_worker, table
+    assert table["3"] - table["2"] >= MARGINAL_GAIN * table["2"] / 2, table
+    assert table["4"] - table["3"] < MARGINAL_GAIN * table["3"] / 3, table
     # The decisions and the scaling they caused are in the live output too.
     assert "autoscale: trying 2 workers" in out and "worker 1 -> 2 (autoscale)" in out
     assert "worker 4 -> 3 (autoscale)" in out
