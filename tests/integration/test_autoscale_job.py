@@ -6,9 +6,9 @@ scaler goes 1 -> 2 -> 3 -> 4, sees the 4th bring under half a worker's rate, goe
 and stays there. Every record is trained; the decisions are in the events and `dlrover status`.
 
 A step sleeps twice as long as it holds the lock, so 3 workers fill the lock exactly and a 4th
-adds only what queueing took from 3 (measured: 16 and 30 records/s, a worker making 255). With a 4th worker
-adding half a worker's rate (a step 2.5 times the lock), whether it paid depended on a few
-percent of queueing (seen: 3 workers at 618 and 660 records/s, one side of 649 or the other).
+adds only what queueing took from 3 (measured: 16 and 30 records/s, a worker making 255). With
+a 4th worker adding half a worker's rate (a step 2.5 times the lock), whether it paid depended
+on a few percent of queueing (seen: 3 workers at 618 and 660 records/s, either side of 649).
 """
 
 from __future__ import annotations
