@@ -25,6 +25,7 @@ from dlrover_torch.checkpoint import (
     storage,
 )
 from dlrover_torch.checkpoint.checkpointer import standalone_namespace
+from tests.integration.dlrover_run_helpers import wait_for
 from tests.unit.ckpt_helpers import (
     assert_same,
     assert_usable_like_torch_load,
@@ -117,10 +118,7 @@ def test_a_standalone_service_leaves_no_socket_folder_behind(tmp_path, ckdir):
     ck.close()
     assert _service_dirs() - before == set()
     save_and_get_killed(tmp_path)  # its service persists what it holds, then ends
-    deadline = time.monotonic() + 60
-    while _service_dirs() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _service_dirs() - before == set()
+    wait_for(lambda: not _service_dirs() - before, 60, "the killed run's service folder to go")
 
 
 def test_keep_latest_prunes_old_steps(ckdir):

@@ -25,6 +25,7 @@ from master.kv.store import KVStore
 from master.rpc.standalone import start_standalone_master
 from master.state.sqlite import SQLiteStateStore
 from tests.integration.conftest import TOKEN
+from tests.integration.dlrover_run_helpers import wait_for
 
 TIMEOUT = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)
@@ -380,14 +381,9 @@ def test_a_dead_clients_kv_wait_frees_its_server_thread_on_both_servers(harness)
     )
     try:
         assert proc.stdout.readline().strip() == "waiting"
-        deadline = time.monotonic() + 30
-        while _threads_in_kv_waits() == 0:
-            assert time.monotonic() < deadline, "the wait never reached the server"
-            time.sleep(0.02)
+        wait_for(_threads_in_kv_waits, 30, "the wait to reach the server")
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.monotonic() + 30  # half the wait: a thread held to its end fails
-    while _threads_in_kv_waits():
-        assert time.monotonic() < deadline, "the dead client's wait still holds a thread"
-        time.sleep(0.02)
+    # Half the wait: a thread held to its end fails.
+    wait_for(lambda: _threads_in_kv_waits() == 0, 30, "the dead client's wait to free its thread")
