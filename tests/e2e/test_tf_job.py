@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,10 +185,13 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     during_save = ckpt_step - details["position_step"]
     assert 0 <= during_save < 200, rollback
     steps = records * EPOCHS // BATCH
-    # The model applied every batch once but for those: the global step climbs to the total (a
-    # few more when workers flush short batches while they wait for others' last shards).
+    # The model applied every batch once but for those: its global step climbs to the total (a
+    # few more when workers flush short batches while they wait for others' last shards). Read
+    # from the chief's final checkpoint: the master's last report may trail it (seen in CI: 748
+    # reported, model.ckpt-751).
     top = steps * 1.02 + 3 + during_save
-    assert steps <= summary["global_step"] <= top, (summary["global_step"], rollback)
+    final = _checkpoint_in(Path(summary["run_dir"]) / "model")
+    assert steps <= final <= top, (final, summary["global_step"], rollback)
     trained = np.concatenate(
         [np.fromfile(f, dtype=np.int64) for f in glob.glob(str(ids / "trained.*.ids"))]
     )
