@@ -4,9 +4,10 @@
 chief) exited 0; "all_workers": once every chief and worker rank did (master.nodes.policy).
 Then the nodes that never exit by themselves are stopped: trainers that never talk to the
 master (plain TF servers in `server.join()`) after SERVER_SETTLE_SECONDS, trainers using our
-hooks after they finish (at most `evaluator_grace_seconds`), the PS once no trainer of ours
-still trains, evaluators after their grace for a final evaluation. The job has succeeded once
-none of its nodes runs."""
+hooks after they finish (at most `evaluator_grace_seconds`, or SERVER_SETTLE_SECONDS once every
+dataset is done: nothing is left for them to train), the PS once no trainer of ours still
+trains, evaluators after their grace for a final evaluation. The job has succeeded once none
+of its nodes runs."""
 
 from __future__ import annotations
 
@@ -67,9 +68,11 @@ def decide_completion(
     now: float,
     evaluator_grace_seconds: float,
     success_policy: str = "all_workers",
+    data_done: bool = False,
 ) -> CompletionDecision:
     """The next step towards the job's end, from its current nodes and when training ended
-    (`training_done_at`, monotonic seconds; None while it trains). Pure."""
+    (`training_done_at`, monotonic seconds; None while it trains). `data_done`: the job has
+    datasets and every one is finished, so no trainer holds or can get a shard. Pure."""
     training_done = False
     if training_done_at is None:
         if not success_reached(nodes, replicas, success_policy):
@@ -80,9 +83,11 @@ def decide_completion(
     trainers = [n for n in live if n.type in TRAINING_TYPES and not n.stop_requested]
     # A trainer that never talked to the master serves others (server.join()): stop it after
     # a few seconds (a program that ends its servers itself has them exit by then); one using
-    # our hooks finishes its shards first, within the grace.
+    # our hooks finishes its shards first, within the grace, unless no data is left (it may be
+    # asleep in TF's own recovery wait after a PS loss, which would hold the job's end).
     settled = now - training_done_at >= SERVER_SETTLE_SECONDS
-    stop = [n for n in trainers if (settled and not n.registered) or grace_over]
+    idle = settled and data_done
+    stop = [n for n in trainers if (settled and not n.registered) or idle or grace_over]
     finishing = [n for n in trainers if n not in stop]
     # Under all_workers no trainer runs any more: the PS are stopped once, at once.
     ps_due = training_done or success_policy != "all_workers"

@@ -263,6 +263,9 @@ class JobMaster(
 
     def note_global_step(self, step: int) -> None:
         self._timeline_on_step(step)
+        self._raise_global_step(step)
+
+    def _raise_global_step(self, step: int) -> None:
         with self._lock:
             if step > self.global_step:
                 self.global_step = step
@@ -287,6 +290,9 @@ class JobMaster(
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
         """The chief finished writing a checkpoint (with its ledger snapshots)."""
         self.checkpoints.report(checkpoint)
+        # The final checkpoint is the last word on the step: progress reports see each step
+        # before it is taken.
+        self._raise_global_step(checkpoint.global_step)
 
     def on_model_restored(self, step: int) -> None:
         """The chief reports each session it creates with the step its model was loaded at
@@ -445,6 +451,7 @@ class JobMaster(
             now,
             self.spec.evaluator_grace_seconds,
             self.spec.success_policy,
+            data_done=self._training_done_at is not None and self._data_done(),
         )
         reason = success_reason(self.spec.success_policy, self.replicas)
         if decision.training_done:
@@ -456,6 +463,11 @@ class JobMaster(
             self._stop_node(node, JOB_DONE)
         if decision.succeeded:
             self._set_state(JobState.SUCCEEDED, reason)
+
+    def _data_done(self) -> bool:
+        """The job has datasets and every one is finished."""
+        stats = self.sharding.stats()
+        return bool(stats) and all(s.finished for s in stats)
 
     def _stop_node(self, node: Node, cause: str = "") -> None:
         """Stop a node gracefully (SIGTERM, a grace period, SIGKILL); `cause` is said with

@@ -75,6 +75,8 @@ def test_checkpoints_are_reported_and_a_restore_takes_the_data_back(
     assert job.sharding.snapshot_steps("ckpt") == [0, 5, 10, 12]
     assert job.checkpoints.latest().global_step == 12
     assert job.checkpoints.latest().path.endswith("model.ckpt-12")
+    # The job's step (the summary's) is the final checkpoint's: a step is reported before it runs.
+    assert job.global_step == 12
     records_done_reaches(job, 12 * BATCH)
     # The chief's next session restores step 10 (say 12 was lost): the data goes back to it.
     tf.compat.v1.train.update_checkpoint_state(model_dir, os.path.join(model_dir, "model.ckpt-10"))

@@ -70,6 +70,18 @@ def test_workers_using_our_hooks_finish_their_shards_within_the_grace_with_the_p
     assert _ids(decide_completion(done, REPLICAS, 100.0, 111.0, GRACE, "chief")) == [1]
 
 
+def test_workers_using_our_hooks_are_stopped_within_seconds_once_every_dataset_is_done():
+    # e.g. a worker asleep in TF's own recovery wait after a PS loss: nothing is left to train.
+    nodes = _tfjob(w0=S, registered=True)
+    early = 100.0 + SERVER_SETTLE_SECONDS / 2
+    assert _ids(decide_completion(nodes, REPLICAS, 100.0, early, GRACE, "chief", True)) == []
+    settled = 100.0 + SERVER_SETTLE_SECONDS
+    d = decide_completion(nodes, REPLICAS, 100.0, settled, GRACE, "chief", data_done=True)
+    assert _ids(d) == [4, 1]
+    # While data is left, the same worker keeps its grace.
+    assert _ids(decide_completion(nodes, REPLICAS, 100.0, settled, GRACE, "chief")) == []
+
+
 def test_a_node_asked_to_stop_is_not_asked_again():
     nodes = _tfjob()
     for n in nodes:
