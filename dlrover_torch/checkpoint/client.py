@@ -11,12 +11,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 from dlrover_torch.checkpoint.errors import CheckpointError
+from dlrover_torch.checkpoint.socket_dir import make_socket_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ class ServiceClient:
     @classmethod
     def spawn(cls, namespace: str) -> ServiceClient:
         """Start a standalone service process for this training process and connect to it."""
-        sock_dir = tempfile.mkdtemp(prefix="dlrover-ckpt-")
-        path = os.path.join(sock_dir, "service.sock")
+        path = make_socket_dir()
+        sock_dir = os.path.dirname(path)
         cmd = [
             sys.executable,
             "-m",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import shutil
 
 from dlrover_torch.checkpoint import shm
 from dlrover_torch.checkpoint.env import SERVICE_ENV
 from dlrover_torch.checkpoint.persister import PersistResult
 from dlrover_torch.checkpoint.service import PersistService
+from dlrover_torch.checkpoint.socket_dir import hold_owner_lock, make_socket_dir
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,10 @@ class AgentCheckpointKeeper:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
         self.namespace = f"dlrover-fc-{os.getuid()}-{safe}"
         self.stop_persist_timeout = stop_persist_timeout
-        self._dir = tempfile.mkdtemp(prefix="dlrover-ckpt-agent-")
+        sock = make_socket_dir("agent-")
+        self._dir = os.path.dirname(sock)
+        self._owner_lock = hold_owner_lock(sock)
         self.shm_dir = shm_dir
-        sock = os.path.join(self._dir, "service.sock")
         self._service = PersistService(sock, self.namespace, shm_dir)
         self._started = False
 
@@ -70,7 +72,5 @@ class AgentCheckpointKeeper:
         elif remove_memory:
             for path in shm.slot_paths(self.namespace, self.shm_dir):
                 shm.unlink_quietly(path)
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._owner_lock.close()

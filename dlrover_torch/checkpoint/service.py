@@ -27,6 +27,7 @@ from typing import Any
 
 from dlrover_torch.checkpoint import shm
 from dlrover_torch.checkpoint.persister import PersistResult, persist_slot, read_slot_config
+from dlrover_torch.checkpoint.socket_dir import hold_owner_lock
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
         format="%(asctime)s ckpt-service %(levelname)s %(message)s",
     )
+    # The folder is this process's from now on: a sweep removes it if this process is killed.
+    owner_lock = hold_owner_lock(args.socket) if args.remove_socket_dir else None
     service = PersistService(args.socket, args.namespace)
     service.start()
     try:
@@ -242,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         service.wait_abandoned()
     service.close(unlink_segments=False)  # a restarted worker reloads from these
-    if args.remove_socket_dir:
+    if owner_lock is not None:
         shutil.rmtree(os.path.dirname(args.socket), ignore_errors=True)
+        owner_lock.close()
     return 0
 
 
