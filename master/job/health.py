@@ -179,10 +179,13 @@ class HealthMixin:
             )
         )
         timeout = self.spec.hang_timeout_seconds
+        nodes = self.nodes.all_current()
+        now = time.monotonic()
+        recovering = self._recovering()
+        if recovering:
+            self.nodes.restart_step_clocks(now)  # the pause is no trainer's step time
         if timeout > 0:
-            nodes = self.nodes.all_current()
-            now = time.monotonic()
-            if self._recovering() or not any(n.steps for n in nodes):
+            if recovering or not any(n.steps for n in nodes):
                 # The job's start or a PS recovery: trainers holding shards wait for sessions
                 # and a restore (tens of seconds on a loaded machine), they are not hung. Each
                 # gets a full timeout from the pause's end.

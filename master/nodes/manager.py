@@ -48,6 +48,7 @@ class NodeManager:
         self._commands: dict[int, list[nodes_pb2.Command]] = defaultdict(list)
         self._next_id = 1
         self._standby_ids: set[int] = set()  # ids handed to standby processes
+        self._step_clocks_from = 0.0  # a report whose gap began before this is not timed
 
     def reserve_standby_id(self) -> int:
         """An id for a standby process of any type: it may call the master as rank
@@ -220,6 +221,11 @@ class NodeManager:
         with self._lock:
             self._save(node)
 
+    def restart_step_clocks(self, now: float) -> None:
+        """The whole job is paused (its start, a PS recovery): a report whose gap spans the
+        pause times the pause, not the node's steps, and is not a step time sample."""
+        self._step_clocks_from = now
+
     def note_progress(self, node: Node, stepped: bool = True, steps: int = 1) -> None:
         """The node took a shard or (`stepped`) finished `steps` steps since its last report
         (a coalesced report covers several; the time since the last is spread over them):
@@ -230,7 +236,7 @@ class NodeManager:
             return
         steps = max(1, steps)
         with self._lock:
-            if node.steps:
+            if node.steps and node.last_step_at >= self._step_clocks_from:
                 samples = node.extra.setdefault(STEP_SAMPLES, deque(maxlen=STEP_SAMPLES_KEPT))
                 samples.append((now - node.last_step_at) / steps)
                 timed = node.extra[STEP_SAMPLES + "_count"] = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from master.job.health import (
     HEARTBEAT_LOST,
     HUNG,
@@ -86,6 +88,25 @@ def test_a_pause_inside_one_coalesced_report_does_not_make_a_straggler():
             manager.note_progress(node, steps=20)
     assert abs(paused.step_seconds - 0.05) < 0.005 and abs(steady.step_seconds - 0.05) < 0.005
     assert straggler_verdicts([steady, paused], "report", min_steps=20) == []
+
+
+def test_a_report_spanning_a_pause_of_the_whole_job_is_not_a_step_time():
+    # A chief with a few reports when a PS fails: its first report after the recovery covers
+    # the recovery's seconds, which would otherwise be most of its step time.
+    manager = NodeManager(SQLiteStateStore(":memory:"))
+    chief = manager.new_incarnation("chief", 0, 0, 0)
+    manager.note_progress(chief)
+    for _ in range(2):
+        chief.last_step_at -= 1.0
+        manager.note_progress(chief, steps=20)  # 50 ms a step
+    chief.last_step_at -= 4.0  # its steps before the PS failure, and the recovery
+    manager.restart_step_clocks(chief.last_step_at + 1.0)
+    manager.note_progress(chief, steps=20)
+    # The spanning report left out:
+    assert list(chief.extra[STEP_SAMPLES]) == pytest.approx([0.05, 0.05], abs=1e-3)
+    chief.last_step_at -= 1.0
+    manager.note_progress(chief, steps=20)
+    assert chief.step_seconds == pytest.approx(0.05, abs=1e-3) and chief.steps == 81
 
 
 def test_a_worker_far_slower_than_its_peers_is_reported():
@@ -180,7 +201,7 @@ def _health_master(nodes, recovering):
     m.spec = SimpleNamespace(
         heartbeat_timeout_seconds=1e9, hang_timeout_seconds=15.0, stragglers="off"
     )
-    m.nodes = SimpleNamespace(all_current=lambda: list(nodes))
+    m.nodes = SimpleNamespace(all_current=lambda: list(nodes), restart_step_clocks=lambda now: None)
     m.sharding = SimpleNamespace(holders=lambda: {n.id for n in nodes})
     m._recovering, m._hang_clock_from, m._measured_cpu = recovering, 0.0, {}
     m._stragglers_checked_at, m.events = 0.0, []
