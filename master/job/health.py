@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from master.job.diagnosis import find_stragglers
 from master.nodes.manager import step_time_samples
-from master.nodes.model import TRAINING_TYPES, Node, NodeState
+from master.nodes.model import Node, NodeState
 from master.nodes.policy import heartbeat_lost, is_hung
 
 if TYPE_CHECKING:
@@ -116,15 +116,15 @@ def hang_verdicts(
 
 
 def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> list[HealthVerdict]:
-    """Report (`action` "report") or replace ("replace") each running trainer with at least
+    """Report (`action` "report") or replace ("replace") each running worker with at least
     `min_steps` steps that is far slower than its peers (master.job.diagnosis.find_stragglers);
-    "off": none."""
+    "off": none. Not the chief: it checkpoints and writes summaries, which its peers do not."""
     if action == "off":
         return []
     measured = {
         n.id: n
         for n in nodes
-        if n.type in TRAINING_TYPES
+        if n.type == "worker"
         and n.state == NodeState.RUNNING
         and n.steps >= min_steps
         and step_time_samples(n) >= STRAGGLER_MIN_REPORTS

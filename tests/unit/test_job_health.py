@@ -109,6 +109,17 @@ def test_a_report_spanning_a_pause_of_the_whole_job_is_not_a_step_time():
     assert chief.step_seconds == pytest.approx(0.05, abs=1e-3) and chief.steps == 81
 
 
+def test_the_chief_is_no_workers_peer_and_never_a_straggler():
+    # A chief saving checkpoints often takes longer steps than the workers: not a straggler.
+    chief, *workers = _trainers(0.5, 0.1, 0.1, 0.12)
+    chief.type = "chief"
+    assert straggler_verdicts([chief, *workers], "replace", min_steps=20) == []
+    # The workers are still judged among themselves.
+    workers[2].step_seconds = 0.3
+    [v] = straggler_verdicts([chief, *workers], "replace", min_steps=20)
+    assert v.node is workers[2]
+
+
 def test_a_worker_far_slower_than_its_peers_is_reported():
     nodes = _trainers(0.1, 0.1, 0.5)
     [v] = straggler_verdicts(nodes, "report", min_steps=20)
