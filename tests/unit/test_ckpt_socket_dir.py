@@ -22,18 +22,22 @@ OWNER = textwrap.dedent(
     """
 )
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _python(code, *args):
+    """A child Python process running `code`, its stdout readable as text."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+
 
 def _owned_folder(root, name):
     """A folder with a socket file, owned by a child process; returns (folder, process)."""
     folder = root / f"dlrover-ckpt-{name}"
     folder.mkdir()
     (folder / SOCKET_NAME).touch()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(folder / SOCKET_NAME)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-    )
+    proc = _python(OWNER, str(folder / SOCKET_NAME))
     assert proc.stdout.readline().strip() == "owned"
     return folder, proc
 
@@ -75,12 +79,7 @@ AGENT = textwrap.dedent(
 def test_a_sigkilled_agents_folder_goes_when_the_next_keeper_starts(tmp_path):
     from dlrover_torch.checkpoint.keeper import AgentCheckpointKeeper
 
-    agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-    )
+    agent = _python(AGENT)
     folder = os.path.dirname(agent.stdout.readline().strip())
     assert os.path.exists(os.path.join(folder, SOCKET_NAME))
     agent.send_signal(signal.SIGKILL)
