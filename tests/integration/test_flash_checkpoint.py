@@ -114,6 +114,7 @@ def test_a_standalone_service_leaves_no_socket_folder_behind(tmp_path, ckdir):
     ck = Checkpointer(ckdir)
     ck.save(1, training_state(seed=2), "memory")
     ck.wait()
+    ck._service_process()  # started off the training thread; a memory save does not wait for it
     assert len(_service_dirs() - before) == 1
     ck.close()
     assert _service_dirs() - before == set()
