@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import queue
+import random
 import select
 import signal
 import socket
@@ -34,11 +35,38 @@ log = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 4000
 
 
+# Ray's workers listen on 10002-19999 by default; picks start above that range.
+LISTEN_PICK_LOW = 20000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now, picked below the kernel's range for outgoing
+    connections: a port from that range can be taken by any connect() before the caller binds it
+    (Ray's processes make many while a master starts)."""
+    high = _ephemeral_low() - 1
+    if high - LISTEN_PICK_LOW >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(50):
+            port = pick.randint(LISTEN_PICK_LOW, high)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections (Linux's default 32768)."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def spawn_logged(
