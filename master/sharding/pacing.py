@@ -1,14 +1,17 @@
 """Shard sizes paced to each holder: a fast trainer gets shards that last it several seconds.
 
-A dataset whose spec leaves `records_per_shard` at 0 starts every holder on the base shard
-(batch_size * 16 records). Once a holder has finished a shard, its next one is a whole multiple
-of the base sized to about TARGET_SHARD_SECONDS of its own measured pace, at most
-MAX_GROWTH times the base, and never more than an even share of half of what is left to hand
-out, so the last shards of a job stay small and no trainer idles while another finishes a big
-one. Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
-since progress inside a shard is counted per batch. The target is jittered per grant (by up to
-JITTER either way) so that workers started together at the same pace do not all finish their
-shards, and ask for the next, in the same instant.
+A dataset whose spec leaves `records_per_shard` at 0 starts every holder on about the base
+shard (batch_size * 16 records). Once a holder has finished a shard, its next one is sized to
+about TARGET_SHARD_SECONDS of its own measured pace, in whole batches, from the base to
+MAX_GROWTH times it, and never more than an even share of half of what is left to hand out, so
+the last shards of a job stay small and no trainer idles while another finishes a big one.
+Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
+since progress inside a shard is counted per batch. Every size, the first one too, is jittered
+per grant (by up to JITTER either way) so that workers started together at the same pace do
+not all finish their shards, and ask for the next, in the same instant. Sizes are whole
+batches, not whole bases: in multiples of the base, the shards of workers stepping alike would
+all end on one grid (every 1.6 s at 10 steps/s), a thousand workers asking in bursts of
+hundreds.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class ShardPacer:
         clock: Callable[[], float] = time.monotonic,
         jitter: float = JITTER,
         rng: random.Random | None = None,
+        granule: int | None = None,
     ) -> None:
         self.base = base
+        self.granule = granule or base  # every size is a multiple of it (a batch)
         self._clock = clock
         self._jitter = jitter
         self._rng = rng or random.Random()
@@ -56,14 +61,15 @@ class ShardPacer:
         """Records for `holder`'s next shard, given what is left to hand out and how many
         holders share it."""
         state = self._holders.get(holder)
-        if state is None or state.pace <= 0:
-            return self.base
-        target = TARGET_SHARD_SECONDS
+        paced = float(self.base)
+        if state is not None and state.pace > 0:
+            paced = max(state.pace * TARGET_SHARD_SECONDS, paced)
         if self._jitter:
-            target *= 1 + self._rng.uniform(-self._jitter, self._jitter)
-        growth = min(MAX_GROWTH, int(state.pace * target // self.base))
-        fair = records_left // (2 * max(1, holders) * self.base)
-        return self.base * max(1, min(growth, fair))
+            paced *= 1 + self._rng.uniform(-self._jitter, self._jitter)
+        paced = min(paced, MAX_GROWTH * self.base)
+        fair = records_left // (2 * max(1, holders))
+        wanted = int(min(paced, max(fair, self.base)))
+        return max(self.granule, wanted // self.granule * self.granule)
 
     def granted(self, holder: int, shard_id: int, records: int) -> None:
         state = self._holders.setdefault(holder, _Holder())

@@ -90,7 +90,10 @@ class _Entry:
         self.rewrite_all = False  # the next write rewrites every lease row (ledger replaced)
         # Shard sizes follow each holder's pace unless the spec fixes them.
         spec = ledger.spec
-        self.pacer = None if spec.records_per_shard else ShardPacer(spec.shard_records())
+        base = spec.shard_records()
+        self.pacer = (
+            None if spec.records_per_shard else ShardPacer(base, granule=min(spec.batch_size, base))
+        )
 
     def next_shard(self, holder: int, request_id: int) -> Shard | None:
         """The ledger's next shard for `holder`, sized to its pace (call with `cond` held)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +138,61 @@ def test_the_target_is_jittered_so_workers_started_together_do_not_ask_together(
     high = int(640 * TARGET_SHARD_SECONDS * (1 + JITTER) // BASE) * BASE
     assert set(sizes) <= set(range(low, high + 1, BASE))
     assert len(set(sizes)) >= 2  # not one size for every grant
+
+
+def _ask_times(granule: int, holders: int = 1000, seconds: float = 40.0) -> list[float]:
+    """When holders that start together and train at one pace (640 records/s: 10 steps/s of
+    64) ask for their next shard, on a simulated clock."""
+    clock = Clock()
+    start = clock.now
+    pacer = ShardPacer(BASE, clock, rng=random.Random(11), granule=granule)
+    ends: list[tuple[float, int, int]] = []  # (when its shard ends, holder, shard id)
+    shard_ids = iter(range(10**9))
+    for h in range(holders):
+        sid = next(shard_ids)
+        records = pacer.records_for(h, PLENTY, holders)
+        pacer.granted(h, sid, records)
+        heapq.heappush(ends, (start + records / 640, h, sid))
+    asks = []
+    while ends[0][0] < start + seconds:
+        clock.now, h, sid = heapq.heappop(ends)
+        asks.append(clock.now - start)
+        pacer.finished(h, sid)
+        nxt = next(shard_ids)
+        records = pacer.records_for(h, PLENTY, holders)
+        pacer.granted(h, nxt, records)
+        heapq.heappush(ends, (clock.now + records / 640, h, nxt))
+    return asks
+
+
+def _busiest_tenth_of_a_second(times: list[float]) -> int:
+    return max(Counter(int(t * 10) for t in times).values())
+
+
+def test_workers_stepping_alike_do_not_ask_in_bursts() -> None:
+    """Sized in whole bases, every shard of a 10 steps/s worker lasts a multiple of 1.6 s: a
+    thousand such workers started together ask in bursts of hundreds within 0.1 s, for ever
+    (the master then takes those calls up seconds late). Sized in whole batches, and the
+    first shard jittered too, the asks spread out."""
+    after_the_first_round = 3.0
+    on_the_grid = [t for t in _ask_times(granule=BASE) if t > after_the_first_round]
+    assert _busiest_tenth_of_a_second(on_the_grid) > 250
+    spread = [t for t in _ask_times(granule=64) if t > after_the_first_round]
+    assert len(spread) > 5000
+    assert _busiest_tenth_of_a_second(spread) < 80  # 17 a tenth on average
+
+
+def test_sizes_are_whole_batches_spread_over_the_jitter() -> None:
+    clock = Clock()
+    pacer = ShardPacer(BASE, clock, rng=random.Random(5), granule=64)
+    first = [pacer.records_for(7, PLENTY, 1) for _ in range(200)]
+    assert all(s % 64 == 0 for s in first)
+    assert min(first) >= BASE * (1 - JITTER) - 64 and max(first) <= BASE * (1 + JITTER)
+    pacer.granted(7, 0, BASE)
+    clock.now += 1.6  # 640 records/s: 3,840 records in 6 s
+    pacer.finished(7, 0)
+    sizes = [pacer.records_for(7, PLENTY, 1) for _ in range(200)]
+    assert all(s % 64 == 0 for s in sizes)
+    assert len(set(sizes)) > 20  # 2,880 to 4,800 records, not three sizes
+    assert 3840 * (1 - JITTER) - 64 <= min(sizes) and max(sizes) <= 3840 * (1 + JITTER)
+    assert pacer.records_for(7, 3 * BASE, 4) <= BASE * (1 + JITTER)  # small near the end
