@@ -6,9 +6,10 @@ about TARGET_SHARD_SECONDS of its own measured pace, in whole batches, from the 
 MAX_GROWTH times it, and never more than an even share of half of what is left to hand out, so
 the last shards of a job stay small and no trainer idles while another finishes a big one.
 Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
-since progress inside a shard is counted per batch. Every size, the first one too, is jittered
-per grant (by up to JITTER either way) so that workers started together at the same pace do
-not all finish their shards, and ask for the next, in the same instant. Sizes are whole
+since progress inside a shard is counted per batch. Every size is jittered per grant (by up to
+JITTER either way; the first, asked for by every worker at once, by twice that) so that workers
+started together at the same pace do not all finish their shards, and ask for the next, in the
+same instant. Sizes are whole
 batches, not whole bases: in multiples of the base, the shards of workers stepping alike would
 all end on one grid (every 1.6 s at 10 steps/s), a thousand workers asking in bursts of
 hundreds.
@@ -61,11 +62,11 @@ class ShardPacer:
         """Records for `holder`'s next shard, given what is left to hand out and how many
         holders share it."""
         state = self._holders.get(holder)
-        paced = float(self.base)
+        paced, jitter = float(self.base), 2 * self._jitter  # the first asks come all at once
         if state is not None and state.pace > 0:
-            paced = max(state.pace * TARGET_SHARD_SECONDS, paced)
-        if self._jitter:
-            paced *= 1 + self._rng.uniform(-self._jitter, self._jitter)
+            paced, jitter = max(state.pace * TARGET_SHARD_SECONDS, paced), self._jitter
+        if jitter:
+            paced *= 1 + self._rng.uniform(-jitter, jitter)
         paced = min(paced, MAX_GROWTH * self.base)
         fair = records_left // (2 * max(1, holders))
         wanted = int(min(paced, max(fair, self.base)))
