@@ -1,18 +1,19 @@
 """Shard sizes paced to each holder: a fast trainer gets shards that last it several seconds.
 
-A dataset whose spec leaves `records_per_shard` at 0 starts every holder on about the base
-shard (batch_size * 16 records). Once a holder has finished a shard, its next one is sized to
-about TARGET_SHARD_SECONDS of its own measured pace, in whole batches, from the base to
-MAX_GROWTH times it, and never more than an even share of half of what is left to hand out, so
-the last shards of a job stay small and no trainer idles while another finishes a big one.
-Fewer, larger asks cut the master's per-worker cost; what a failure redoes does not grow,
-since progress inside a shard is counted per batch. Every size is jittered per grant (by up to
-JITTER either way; the first, asked for by every worker at once, by twice that) so that workers
-started together at the same pace do not all finish their shards, and ask for the next, in the
-same instant. Sizes are whole
-batches, not whole bases: in multiples of the base, the shards of workers stepping alike would
-all end on one grid (every 1.6 s at 10 steps/s), a thousand workers asking in bursts of
-hundreds.
+A dataset whose spec leaves `records_per_shard` at 0 starts every holder on the base shard
+(batch_size * 16 records) to twice that. Once a holder has finished a shard, its next one is
+sized to about TARGET_SHARD_SECONDS of its own measured pace, from the base to MAX_GROWTH times
+it, and never more than an even share of half of what is left to hand out, so the last shards
+of a job stay small and no trainer idles while another finishes a big one. Fewer, larger asks
+cut the master's per-worker cost; what a failure redoes does not grow, since progress inside a
+shard is counted per batch.
+
+Workers started together at the same pace must not all finish their shards, and ask for the
+next, in the same instant: every size is jittered per grant (the first, which every worker
+asks for at once, upwards only, so a dataset no larger than the base is still one shard; the
+others by up to JITTER either way) and counted in whole batches. In whole bases, the shards of
+workers stepping alike would all end on one grid (every 1.6 s at 10 steps/s), a thousand
+workers asking in bursts of hundreds.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ class ShardPacer:
         """Records for `holder`'s next shard, given what is left to hand out and how many
         holders share it."""
         state = self._holders.get(holder)
-        paced, jitter = float(self.base), 2 * self._jitter  # the first asks come all at once
-        if state is not None and state.pace > 0:
-            paced, jitter = max(state.pace * TARGET_SHARD_SECONDS, paced), self._jitter
-        if jitter:
-            paced *= 1 + self._rng.uniform(-jitter, jitter)
+        if state is None or state.pace <= 0:
+            # Every worker asks for its first shard at once: spread their ends twice as wide,
+            # upwards only, so that a dataset no larger than the base is still one shard.
+            paced = self.base * (1 + self._rng.uniform(0, 4 * self._jitter))
+        else:
+            paced = max(state.pace * TARGET_SHARD_SECONDS, self.base)
+            paced *= 1 + self._rng.uniform(-self._jitter, self._jitter)
         paced = min(paced, MAX_GROWTH * self.base)
         fair = records_left // (2 * max(1, holders))
         wanted = int(min(paced, max(fair, self.base)))
