@@ -184,9 +184,10 @@ def test_tf_ps_kill_rolls_data_back_to_the_restored_checkpoint(tmp_path):
     # makes right after restoring it.
     kill = next(e for e in summary["events"] if e["kind"] == "fault")
     saved = _checkpoints_saved_before(Path(summary["run_dir"]) / "model", kill["time"])
-    assert saved and saved[-1] >= 400 and redo > 0, (saved, rollback)  # (older ones pruned)
-    low = saved[-2] if len(saved) > 1 else saved[-1]
-    assert 200 <= ckpt_step and low <= ckpt_step < saved[-1] + 200, (saved, rollback)
+    # (A chief starved of CPU may not have saved since step 0: then 0 is the one restored.)
+    assert saved and redo > 0, (saved, rollback)
+    low = saved[-2] if len(saved) > 1 else saved[-1]  # older ones may be pruned (keep 5)
+    assert low <= ckpt_step < saved[-1] + 200, (saved, rollback)
     # A periodic save is not coordinated (README): its data position is saved just before the
     # saver reads the variables, so the steps workers take in between are in the restored model
     # and their batches go again (seen under load: model.ckpt-541 holding global step 657, its
