@@ -297,7 +297,7 @@ def _wait_for_step(client, step, proc):
     _wait_until(lambda: client.job_status().global_step >= step, proc, f"global step {step}")
 
 
-def _finished_summary(proc, tmp_path):
+def _finished_summary(proc, tmp_path, records=RECORDS):
     """Waits for the job; its summary, checked to have succeeded with every record trained."""
     try:
         proc.wait(timeout=600)
@@ -307,11 +307,11 @@ def _finished_summary(proc, tmp_path):
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["status"] == "succeeded"
-    assert summary["datasets"]["train"]["records_done"] == RECORDS * EPOCHS
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
     return summary, out
 
 
-def _check_exact_rollback(summary, ids):
+def _check_exact_rollback(summary, ids, records=RECORDS):
     """Workers and chief paused at a step boundary for the checkpoint: nothing, or at most a
     report still on its way to the master, is trained again; and the trained ids are every
     record `epochs` times plus exactly what was rolled back, up to one batch a trainer."""
@@ -321,18 +321,21 @@ def _check_exact_rollback(summary, ids):
     assert redo <= 2 * BATCH, redo
     ids_files = glob.glob(str(ids / "trained.*.ids"))
     counts = np.bincount(
-        np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids_files]), minlength=RECORDS
+        np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids_files]), minlength=records
     )
     assert counts.min() == EPOCHS
     assert abs(int((counts - EPOCHS).sum()) - redo) <= 3 * BATCH, redo
 
 
 def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
-    proc, _, client, ids = _start_at_step(tmp_path)
+    # Twice the data: the master's view of the step trails it by up to a second of steps, and
+    # at 200 steps/s most of 375 steps may be trained once the master has seen step 150.
+    records = 2 * RECORDS
+    proc, _, client, ids = _start_at_step(tmp_path, records=records)
     try:
         reply = client.migrate("ps", 0, memory_mb=2048, reason="e2e")
     finally:
-        summary, _ = _finished_summary(proc, tmp_path)
+        summary, _ = _finished_summary(proc, tmp_path, records)
     assert reply.checkpoint_step >= 150
     ps = [n for n in summary["nodes"] if n["type"] == "ps"]
     assert [(n["id"], n["relaunches"]) for n in ps][1] == (reply.node_id, 0)  # not a failure
@@ -340,7 +343,7 @@ def test_tf_ps_migrates_to_more_memory_while_training(tmp_path):
     assert "migration" in kinds and "migrated" in kinds and "relaunch" not in kinds
     migrated = next(e for e in summary["events"] if e["kind"] == "migrated")
     assert "2048 MB" in migrated["message"]
-    _check_exact_rollback(summary, ids)
+    _check_exact_rollback(summary, ids, records)
 
 
 def _master_child(submit_pid):
@@ -407,8 +410,13 @@ def _wait_for_event(run_dir, kind, timeout=120.0):
 def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    # Client retries carry the call over the master's restart.
-    proc, run_dir, client, ids = _start_at_step(tmp_path, step=1, retry_seconds=60.0)
+    # Client retries carry the call over the master's restart. Twice the data: the master's
+    # view of the step trails it by up to a second of steps (coalesced reports), and at 200
+    # steps/s the chief alone once trained the rest of 375 steps before it was frozen.
+    records = 2 * RECORDS
+    proc, run_dir, client, ids = _start_at_step(
+        tmp_path, step=1, retry_seconds=60.0, records=records
+    )
     try:
         with ThreadPoolExecutor(1) as pool:
             # Every trainer is frozen: the chief cannot checkpoint, so the change stays in
@@ -431,7 +439,7 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
                 os.kill(_master_child(proc.pid), signal.SIGKILL)
             reply = scaled.result(timeout=400)
     finally:
-        summary, out = _finished_summary(proc, tmp_path)
+        summary, out = _finished_summary(proc, tmp_path, records)
     assert (reply.previous, reply.replicas) == (1, 2)
     assert "master died (killed by SIGKILL); restarting it" in out, out[-4000:]
     ps = [n for n in summary["nodes"] if n["type"] == "ps"]
@@ -448,7 +456,7 @@ def test_tf_ps_count_1_to_2_while_training_with_the_master_killed_midway(tmp_pat
     assert "over 1 PS, up to 1 parts" in before
     assert "over 2 PS, up to 2 parts" in after
     assert f"model.ckpt-{resized['details']['checkpoint_step']}" in after
-    _check_exact_rollback(summary, ids)
+    _check_exact_rollback(summary, ids, records)
 
 
 def _checkpoints_saved_before(model_dir, when: float) -> list[int]:
