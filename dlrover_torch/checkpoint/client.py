@@ -70,6 +70,8 @@ class ServiceClient:
             "--namespace",
             namespace,
             "--remove-socket-dir",
+            "--parent-pid",
+            str(os.getpid()),
         ]
         # Own session: a signal to the training job's process group must not cut a persist short.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)

@@ -115,10 +115,11 @@ class PersistService:
         with self._cond:
             return self._cond.wait_for(lambda: self._busy == 0, timeout)
 
-    def wait_abandoned(self) -> None:
+    def wait_abandoned(self, parent: int | None = None) -> None:
         """Block until every client has gone and no work is left (standalone mode's exit);
-        without a first client, until the process that started this one died, or a timeout."""
-        parent = os.getppid()
+        without a first client, until the process that started this one (`parent`, default:
+        the parent now) died, or a timeout."""
+        parent = os.getppid() if parent is None else parent
         deadline = time.monotonic() + STANDALONE_IDLE_EXIT_S
         with self._cond:
             while not self._ever_connected:
@@ -227,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the socket's folder was made for this service: remove it when the service ends",
     )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        help="the process that started this service: once it is gone, nobody will connect",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
@@ -243,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         log.warning("the process that started this service is gone; exiting")
     else:
-        service.wait_abandoned()
+        # Named by the starter: it may have died before this process could ask for its parent.
+        service.wait_abandoned(args.parent_pid)
     service.close(unlink_segments=False)  # a restarted worker reloads from these
     if owner_lock is not None:
         shutil.rmtree(os.path.dirname(args.socket), ignore_errors=True)

@@ -92,3 +92,25 @@ def test_a_sigkilled_agents_folder_goes_when_the_next_keeper_starts(tmp_path):
     finally:
         keeper.close()
     assert not os.path.exists(os.path.dirname(socket_path))  # closed: its own folder goes
+
+
+def test_a_standalone_service_whose_starter_died_before_it_looked_exits_and_leaves_no_folder(
+    tmp_path,
+):
+    """The training process that starts a service may be killed before the service has asked
+    for its parent (CI: the folder stayed the service's 60 s of waiting for a first client)."""
+    starter = _python("pass")
+    starter.wait()
+    socket_path = tmp_path / "dlrover-ckpt-x" / SOCKET_NAME
+    socket_path.parent.mkdir()
+    service = subprocess.Popen(
+        [sys.executable, "-m", "dlrover_torch.checkpoint.service", "--socket", str(socket_path)]
+        + ["--namespace", f"test-{os.getpid()}", "--remove-socket-dir"]
+        + ["--parent-pid", str(starter.pid)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert service.stdout.readline().strip() == "ready"
+    assert service.wait(timeout=20) == 0  # not the 60 s of a service nobody connects to
+    assert not socket_path.parent.exists()
