@@ -12,7 +12,15 @@ count is shown, so a mode cannot look faster by training fewer records. (It did:
 keeps spare worker slots in TF_CONFIG for scaling up, and the plain input split the records
 over every slot, so its runs trained 3/5 of them; here the job has no spare slot.) Per-task
 rates alone would mislead: with fixed input splits fast workers finish early and sit idle
-while the slowest one ends the job. Ends with one JSON line.
+while the slowest one ends the job.
+
+The standby PS (a spare PS process the master keeps with TensorFlow loaded, `ps_standby`, on by
+default) is off in the two runs compared: it is not part of the input or the hooks, and the
+master starts it once it sees training run, which it sees only through the progress hook, so
+a plain-input job gets its standby a minute in, outside this short window. A third run, the
+dlrover input with the standby on, shows its cost: one TensorFlow import (seconds of CPU) on
+the job's machine during the first seconds of training, paid once per job and per promotion.
+Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ _TRAINED = re.compile(
 )
 
 
-def run_once(mode: str, records: int, epochs: int, workdir: str, graph_rewrites: bool) -> dict:
+def run_once(
+    mode: str, records: int, epochs: int, workdir: str, graph_rewrites: bool, standby: bool = False
+) -> dict:
     """One job in `mode`; returns per-task steps and seconds, and the cluster rate."""
     with open(os.path.join(EXAMPLE, "job.yaml")) as f:
         job = yaml.safe_load(f)
@@ -60,6 +70,7 @@ def run_once(mode: str, records: int, epochs: int, workdir: str, graph_rewrites:
     job["worker"]["max_replicas"] = job["worker"]["replicas"]
     job["workdir"] = workdir
     job["name"] = f"bench-{mode}"
+    job["ps_standby"] = standby
     spec_path = os.path.join(workdir, f"job-{mode}.yaml")
     with open(spec_path, "w") as f:
         yaml.safe_dump(job, f)
@@ -86,11 +97,13 @@ def run_once(mode: str, records: int, epochs: int, workdir: str, graph_rewrites:
             tasks[name]["end"] = end
     if not tasks:
         raise RuntimeError(f"no task reported its training time in {run_dir}/logs")
-    window = max(t["end"] for t in tasks.values()) - min(t["start"] for t in tasks.values())
+    first = min(t["start"] for t in tasks.values())
+    window = max(t["end"] for t in tasks.values()) - first
     steps = sum(t["steps"] for t in tasks.values())
     trained = sum(os.path.getsize(p) // 8 for p in glob.glob(f"{ids_prefix}.*.ids"))
     return {
         "mode": mode,
+        "standby_ready_s": _standby_ready(run_dir, first) if standby else None,
         "tasks": tasks,
         "records": trained,
         "records_per_s": trained / window,
@@ -100,9 +113,26 @@ def run_once(mode: str, records: int, epochs: int, workdir: str, graph_rewrites:
     }
 
 
+def _standby_ready(run_dir: str, first_step: float) -> float | None:
+    """Seconds from the first step until the standby PS said it was ready (None: never)."""
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("kind") == "ps_standby" and e.get("reason") == "ready":
+                return e["time"] - first_step
+    return None
+
+
+VARIANTS = (("plain", False), ("dlrover", False), ("dlrover", True))
+
+
+def _label(mode: str, standby: bool) -> str:
+    return f"{mode}+standby" if standby else mode
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating")
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant, alternating")
     p.add_argument("--records", type=int, default=160_000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument(
@@ -113,51 +143,61 @@ def main() -> int:
     )
     p.add_argument("--json-only", action="store_true")
     args = p.parse_args()
-    runs: dict[str, list[dict]] = {"plain": [], "dlrover": []}
+    runs: dict[str, list[dict]] = {_label(*v): [] for v in VARIANTS}
     load = []
     with tempfile.TemporaryDirectory(prefix="bench-tf-") as workdir:
         for i in range(args.repeats):
-            for mode in ("plain", "dlrover") if i % 2 == 0 else ("dlrover", "plain"):
-                r = run_once(mode, args.records, args.epochs, workdir, args.graph_rewrites)
+            for mode, standby in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+                r = run_once(mode, args.records, args.epochs, workdir, args.graph_rewrites, standby)
                 load.append(os.getloadavg()[0])
-                runs[mode].append(r)
+                runs[_label(mode, standby)].append(r)
                 if not args.json_only:
                     per_task = ", ".join(
                         f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}"
                         for k, v in r["tasks"].items()
                     )
+                    ready = r["standby_ready_s"]
+                    extra = "" if ready is None else f"; standby ready {ready:.1f} s in"
                     print(
-                        f"{mode:8s} run {i + 1}: {r['records_per_s']:8.0f} records/s "
-                        f"({r['records']:,} records, {r['steps']} steps over "
+                        f"{_label(mode, standby):15s} run {i + 1}: {r['records_per_s']:8.0f} "
+                        f"records/s ({r['records']:,} records, {r['steps']} steps over "
                         f"{r['window_s']:.1f} s; steps/s per task: {per_task}; "
-                        f"load {load[-1]:.1f})",
+                        f"load {load[-1]:.1f}{extra})",
                         flush=True,
                     )
-    plain = statistics.median(r["records_per_s"] for r in runs["plain"])
-    dlrover = statistics.median(r["records_per_s"] for r in runs["dlrover"])
+    median = {k: statistics.median(r["records_per_s"] for r in v) for k, v in runs.items()}
+    plain, dlrover, with_standby = median["plain"], median["dlrover"], median["dlrover+standby"]
     ratio = dlrover / plain
     expected = args.records * args.epochs
     if not args.json_only:
+        counted = {k: sorted({r["records"] for r in v}) for k, v in runs.items()}
         print(
-            f"median records/s: plain {plain:.0f}, dlrover {dlrover:.0f}; "
-            f"ratio {ratio:.3f} (target >= {TARGET_RATIO}); records per run: plain "
-            f"{sorted({r['records'] for r in runs['plain']})}, dlrover "
-            f"{sorted({r['records'] for r in runs['dlrover']})} (the data: {expected:,})"
+            f"median records/s: plain {plain:.0f}, dlrover {dlrover:.0f}; ratio {ratio:.3f} "
+            f"(target >= {TARGET_RATIO}); with the standby PS on: {with_standby:.0f}, "
+            f"{with_standby / plain:.3f}x plain; records per run: {counted} "
+            f"(the data: {expected:,})"
         )
     doc = {
         "benchmark": "tf_hooks",
         "records_expected": expected,
-        "plain_records": [r["records"] for r in runs["plain"]],
-        "dlrover_records": [r["records"] for r in runs["dlrover"]],
-        "plain_records_per_s": [round(r["records_per_s"], 1) for r in runs["plain"]],
-        "dlrover_records_per_s": [round(r["records_per_s"], 1) for r in runs["dlrover"]],
-        "plain_window_s": [round(r["window_s"], 2) for r in runs["plain"]],
-        "dlrover_window_s": [round(r["window_s"], 2) for r in runs["dlrover"]],
-        "plain_steps_per_s": [round(r["steps_per_s"], 2) for r in runs["plain"]],
-        "dlrover_steps_per_s": [round(r["steps_per_s"], 2) for r in runs["dlrover"]],
+        **{f"{k}_records".replace("+", "_"): [r["records"] for r in v] for k, v in runs.items()},
+        **{
+            f"{k}_records_per_s".replace("+", "_"): [round(r["records_per_s"], 1) for r in v]
+            for k, v in runs.items()
+        },
+        **{
+            f"{k}_window_s".replace("+", "_"): [round(r["window_s"], 2) for r in v]
+            for k, v in runs.items()
+        },
+        "standby_ready_s": [
+            None if r["standby_ready_s"] is None else round(r["standby_ready_s"], 2)
+            for r in runs["dlrover+standby"]
+        ],
         "median_plain": round(plain, 1),
         "median_dlrover": round(dlrover, 1),
+        "median_dlrover_standby": round(with_standby, 1),
         "ratio": round(ratio, 4),
+        "ratio_with_standby": round(with_standby / plain, 4),
         "dlrover_grappler": "on" if args.graph_rewrites else "off",
         "target_met": ratio >= TARGET_RATIO,
         "loadavg": [round(x, 2) for x in load],
