@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +15,6 @@ from concurrent.futures import Future
 from typing import Any
 
 from dlrover_torch.checkpoint.errors import CheckpointError
-from dlrover_torch.checkpoint.socket_dir import make_socket_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +57,12 @@ class ServiceClient:
     @classmethod
     def spawn(cls, namespace: str) -> ServiceClient:
         """Start a standalone service process for this training process and connect to it."""
-        path = make_socket_dir()
-        sock_dir = os.path.dirname(path)
         cmd = [
             sys.executable,
             "-m",
             "dlrover_torch.checkpoint.service",
-            "--socket",
-            path,
             "--namespace",
             namespace,
-            "--remove-socket-dir",
             "--parent-pid",
             str(os.getpid()),
         ]
@@ -77,16 +70,16 @@ class ServiceClient:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], CONNECT_TIMEOUT_S)
-        line = proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            proc.kill()
+        word, _, path = (proc.stdout.readline() if ready else b"").strip().partition(b" ")
+        if word != b"ready" or not path:
+            proc.kill()  # its folder, if it made one, goes with the next service's sweep
             proc.wait()
-            shutil.rmtree(sock_dir, ignore_errors=True)
             raise CheckpointError(
                 f"the standalone checkpoint service did not start (exit code {proc.poll()}); "
                 "see its log above"
             )
         proc.stdout.close()
+        path = os.fsdecode(path)
         client = cls.connect(path, proc)
         log.info("started standalone checkpoint service pid %d", proc.pid)
         return client

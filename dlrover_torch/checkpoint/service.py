@@ -27,7 +27,7 @@ from typing import Any
 
 from dlrover_torch.checkpoint import shm
 from dlrover_torch.checkpoint.persister import PersistResult, persist_slot, read_slot_config
-from dlrover_torch.checkpoint.socket_dir import hold_owner_lock
+from dlrover_torch.checkpoint.socket_dir import hold_owner_lock, make_socket_dir
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +221,12 @@ class PersistService:
 def main(argv: list[str] | None = None) -> int:
     """Standalone service: serve until the training process has gone and the work is done."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--namespace", required=True)
     parser.add_argument(
-        "--remove-socket-dir",
-        action="store_true",
-        help="the socket's folder was made for this service: remove it when the service ends",
+        "--socket",
+        help="serve at this path; by default the service makes a folder of its own in the temp "
+        "dir and removes it when it ends (its path follows 'ready' on stdout)",
     )
+    parser.add_argument("--namespace", required=True)
     parser.add_argument(
         "--parent-pid",
         type=int,
@@ -238,12 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
         format="%(asctime)s ckpt-service %(levelname)s %(message)s",
     )
-    # The folder is this process's from now on: a sweep removes it if this process is killed.
-    owner_lock = hold_owner_lock(args.socket) if args.remove_socket_dir else None
-    service = PersistService(args.socket, args.namespace)
+    # Made here, not by the starter: a starter killed before it started this process would
+    # have left an empty folder that no sweep recognises. The folder is this process's from now
+    # on: a sweep removes it if this process is killed.
+    socket_path = args.socket or make_socket_dir()
+    owner_lock = None if args.socket else hold_owner_lock(socket_path)
+    service = PersistService(socket_path, args.namespace)
     service.start()
     try:
-        sys.stdout.write("ready\n")
+        sys.stdout.write(f"ready {socket_path}\n")
         sys.stdout.flush()
     except BrokenPipeError:  # the training process died before it read this: nobody will come
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         service.wait_abandoned(args.parent_pid)
     service.close(unlink_segments=False)  # a restarted worker reloads from these
     if owner_lock is not None:
-        shutil.rmtree(os.path.dirname(args.socket), ignore_errors=True)
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
         owner_lock.close()
     return 0
 

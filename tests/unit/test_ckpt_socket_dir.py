@@ -7,8 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
+import pytest
+
+from dlrover_torch.checkpoint import client
 from dlrover_torch.checkpoint.env import SERVICE_ENV
 from dlrover_torch.checkpoint.socket_dir import LOCK_NAME, SOCKET_NAME, sweep_orphans
 
@@ -101,16 +105,31 @@ def test_a_standalone_service_whose_starter_died_before_it_looked_exits_and_leav
     for its parent (CI: the folder stayed the service's 60 s of waiting for a first client)."""
     starter = _python("pass")
     starter.wait()
-    socket_path = tmp_path / "dlrover-ckpt-x" / SOCKET_NAME
-    socket_path.parent.mkdir()
     service = subprocess.Popen(
-        [sys.executable, "-m", "dlrover_torch.checkpoint.service", "--socket", str(socket_path)]
-        + ["--namespace", f"test-{os.getpid()}", "--remove-socket-dir"]
-        + ["--parent-pid", str(starter.pid)],
+        [sys.executable, "-m", "dlrover_torch.checkpoint.service"]
+        + ["--namespace", f"test-{os.getpid()}", "--parent-pid", str(starter.pid)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
-    assert service.stdout.readline().strip() == "ready"
+    word, _, path = service.stdout.readline().strip().partition(" ")
+    assert word == "ready" and os.path.dirname(path).startswith(str(tmp_path / "dlrover-ckpt-"))
     assert service.wait(timeout=20) == 0  # not the 60 s of a service nobody connects to
-    assert not socket_path.parent.exists()
+    assert list(tmp_path.iterdir()) == []  # the folder it made went with it
+
+
+def test_a_training_process_killed_before_its_service_started_leaves_no_folder(
+    tmp_path, monkeypatch
+):
+    """The service makes its socket folder itself (CI: a training process SIGKILLed between
+    making the folder and starting the service left an empty folder no sweep recognises)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("the training process dies here")
+
+    monkeypatch.setattr(client.subprocess, "Popen", killed)
+    with pytest.raises(KeyboardInterrupt):
+        client.ServiceClient.spawn(f"test-{os.getpid()}")
+    assert list(tmp_path.iterdir()) == []
