@@ -221,11 +221,6 @@ class PersistService:
 def main(argv: list[str] | None = None) -> int:
     """Standalone service: serve until the training process has gone and the work is done."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--socket",
-        help="serve at this path; by default the service makes a folder of its own in the temp "
-        "dir and removes it when it ends (its path follows 'ready' on stdout)",
-    )
     parser.add_argument("--namespace", required=True)
     parser.add_argument(
         "--parent-pid",
@@ -237,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
         format="%(asctime)s ckpt-service %(levelname)s %(message)s",
     )
-    # Made here, not by the starter: a starter killed before it started this process would
-    # have left an empty folder that no sweep recognises. The folder is this process's from now
-    # on: a sweep removes it if this process is killed.
-    socket_path = args.socket or make_socket_dir()
-    owner_lock = None if args.socket else hold_owner_lock(socket_path)
+    # The socket's folder is made here, not by the starter: a starter killed before it started
+    # this process would have left an empty folder that no sweep recognises. The folder is this
+    # process's from now on: a sweep removes it if this process is killed. Its path follows
+    # "ready" on stdout.
+    socket_path = make_socket_dir()
+    owner_lock = hold_owner_lock(socket_path)
     service = PersistService(socket_path, args.namespace)
     service.start()
     try:
@@ -254,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         # Named by the starter: it may have died before this process could ask for its parent.
         service.wait_abandoned(args.parent_pid)
     service.close(unlink_segments=False)  # a restarted worker reloads from these
-    if owner_lock is not None:
-        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
-        owner_lock.close()
+    shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+    owner_lock.close()
     return 0
 
 
