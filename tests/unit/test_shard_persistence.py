@@ -322,3 +322,61 @@ def test_a_write_done_but_not_yet_forgotten_is_not_awaited_again(path: Path) -> 
     committer.close()
     assert len(reopened(path)._datasets["ds"].ledger.held_by(3)) == 1
     svc.close()
+
+
+class TimedStore(SQLiteStateStore):
+    """SQLite store that notes when each outermost write begins."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.starts: list[float] = []
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self.starts.append(time.monotonic())
+            with super().transaction():
+                yield
+
+
+def _ask(svc: ShardingService, committer: GroupCommitter, holders: range) -> None:
+    """Grants to `holders` made together, then awaited until stored (one write)."""
+
+    async def main() -> None:
+        with svc.deferred_commits() as pending:
+            for holder in holders:
+                svc.get_shard("ds", holder=holder, request_id=holder)
+        await committer.durable(pending)
+
+    asyncio.run(main())
+
+
+def test_writes_of_a_busy_ledger_are_spaced_and_a_quiet_one_is_written_at_once(
+    path: Path,
+) -> None:
+    store = TimedStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    spacing = 1.0
+    committer = GroupCommitter(svc, spacing_seconds=spacing, space_after=4)
+    # Writes that covered fewer than 4 changes: the next one is not held back.
+    began = time.monotonic()
+    for holder in range(0, 9, 3):
+        _ask(svc, committer, range(holder, holder + 3))
+    assert time.monotonic() - began < spacing
+    assert len(store.starts) >= 3
+    # A write that covered 4 changes: the next one starts a spacing after it began.
+    _ask(svc, committer, range(10, 14))
+    busy_start = store.starts[-1]
+    _ask(svc, committer, range(20, 22))
+    assert store.starts[-1] - busy_start >= spacing
+    # That one covered 2 changes: the next is written at once again.
+    began = time.monotonic()
+    _ask(svc, committer, range(30, 31))
+    assert time.monotonic() - began < spacing
+    ledger = reopened(path)._datasets["ds"].ledger
+    for holder in [*range(9), *range(10, 14), 20, 21, 30]:
+        assert len(ledger.held_by(holder)) == 1, holder
+    committer.close()
+    svc.close()
