@@ -24,7 +24,7 @@ from master.job.master import JobMaster
 from master.pb import data_pb2
 from master.rpc.aio_blocking import AioKVServicer, AioRendezvousServicer
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
-from master.rpc.rewrap import AioInterceptor
+from master.rpc.rewrap import InterceptedHandlers
 from master.rpc.server import (
     MAX_WAIT_MS,
     MasterServicer,
@@ -190,19 +190,22 @@ def start_aio_server(
     bound = [0]
 
     def build() -> grpc.aio.Server:
-        chain = [*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)]
+        # The interceptors run when a call's handler is looked up, not as aio interceptors.
+        services = InterceptedHandlers(
+            [*interceptors, RateLimitInterceptor(buckets), TokenInterceptor(token)]
+        )
+        add_services(
+            services,
+            AioMasterServicer(job, heartbeat_interval_ms),
+            AioKVServicer,
+            AioRendezvousServicer,
+        )
         server = grpc.aio.server(
             migration_thread_pool=futures.ThreadPoolExecutor(
                 max_workers=max_workers, thread_name_prefix="rpc"
             ),
-            interceptors=[AioInterceptor(i) for i in chain],
+            handlers=[services],
             options=server_options(max_workers),
-        )
-        add_services(
-            server,
-            AioMasterServicer(job, heartbeat_interval_ms),
-            AioKVServicer,
-            AioRendezvousServicer,
         )
         bound[0] = bind_port(server, host, port, tls)
         return server

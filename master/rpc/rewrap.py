@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -69,14 +70,29 @@ def by_kind(sync_wrap: Wrap, async_wrap: Wrap) -> Wrap:
     return lambda b: async_wrap(b) if inspect.iscoroutinefunction(b) else sync_wrap(b)
 
 
-class AioInterceptor(grpc.aio.ServerInterceptor):
-    """A sync server interceptor (built on `rewrap` with `by_kind` wraps) on the aio server."""
+class InterceptedHandlers(grpc.GenericRpcHandler):
+    """The services registered on it, behind sync server interceptors that run as plain calls
+    when a call's handler is looked up (on the aio server: no coroutine per interceptor and
+    call, as `grpc.aio` interceptors would cost). Fits interceptors that decide from the
+    method and metadata alone and wrap behaviours (built on `rewrap` with `by_kind` wraps)."""
 
-    def __init__(self, interceptor: grpc.ServerInterceptor) -> None:
-        self._interceptor = interceptor
+    def __init__(self, interceptors: Sequence[grpc.ServerInterceptor]) -> None:
+        self._handlers: list[grpc.GenericRpcHandler] = []
+        lookup = self._lookup
+        for interceptor in reversed(interceptors):
+            lookup = functools.partial(interceptor.intercept_service, lookup)
+        self._intercepted = lookup
 
-    async def intercept_service(
-        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        return self._interceptor.intercept_service(lambda _: handler, handler_call_details)
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Register services, as on a server (generated `add_*Servicer_to_server` call it)."""
+        self._handlers.extend(handlers)
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return self._intercepted(handler_call_details)
+
+    def _lookup(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        for handlers in self._handlers:
+            handler = handlers.service(handler_call_details)
+            if handler is not None:
+                return handler
+        return None

@@ -23,6 +23,7 @@ from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.nodes.model import ExitReason, Node
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
+from master.rpc.rewrap import InterceptedHandlers
 from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
 from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
 
@@ -478,7 +479,7 @@ def bind_port(server: grpc.Server, host: str, port: int, tls: ServerTLS | None) 
 
 
 def add_services(
-    server: grpc.Server | grpc.aio.Server,
+    server: grpc.Server | InterceptedHandlers,
     servicer: MasterServicer,
     kv_servicer: type | None = None,
     rendezvous_servicer: type | None = None,
