@@ -6,9 +6,10 @@ One round trip is one shard, taken and reported consumed, in two ways:
   `MasterClient.get_shard(dataset, wait_ms=0)`, then the shard's progress on the node's
   long-lived progress stream (`ProgressStream.send`, as `step_done` does), `--steps-per-shard`
   messages per shard (default 1: the report of the step that finishes the shard). The master
-  applies stream messages in order and writes a finished shard to its state store before it
-  reads the next one; each client flushes its stream at the end of a phase (the time that takes
-  is reported as the drain, so a backlog could not hide).
+  applies stream messages in order, each one's shard end written by the next group write while
+  it reads on, and answers the stream once all are stored; each client flushes its stream at
+  the end of a phase (the time that takes is reported as the drain, so a backlog could not
+  hide).
 - "unary": the older two-call form, `get_shard` then a unary `report_progress` of the whole shard.
 
 The master runs in its own process (a JobMaster built as `dlrover submit` builds it: SQLite state

@@ -106,9 +106,24 @@ class AioMasterServicer(MasterServicer):
 
     async def StreamProgress(self, request_iterator: AsyncIterator, context):  # noqa: N802
         stream = ProgressStreamState(self)
+        sharding = self.job.sharding
+        written: dict = {}  # per ledger entry: the latest version this stream changed
         try:
-            async for request in request_iterator:
-                await self._durably(stream.apply, request)
+            failure: Exception | None = None
+            try:
+                # No message is acknowledged: each one's ledger changes go to the next group
+                # write, and the stream reads on meanwhile; its reply waits for them all.
+                async for request in request_iterator:
+                    with sharding.deferred_commits() as pending:
+                        stream.apply(request)  # what it changed before failing is written too
+                    if pending:
+                        self.commits.soon(pending)
+                        written.update(pending)
+            except Exception as e:
+                failure = e
+            await self.commits.durable(list(written.items()))
+            if failure is not None:
+                raise failure
         except Exception as e:
             await _answer_error(context, e)
         finally:

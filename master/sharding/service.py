@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -110,6 +109,23 @@ class _Entry:
         """Count a change (call with `cond` held); returns the version to make durable."""
         self.version += 1
         return self.version
+
+
+class _Deferred:
+    """The context of `ShardingService.deferred_commits` (a class: it runs on every call)."""
+
+    __slots__ = ("_local",)
+
+    def __init__(self, local: threading.local) -> None:
+        self._local = local
+
+    def __enter__(self) -> list[tuple[_Entry, int]]:
+        pending: list[tuple[_Entry, int]] = []
+        self._local.pending = pending
+        return pending
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._local.pending = None
 
 
 def _lease_key(dataset: str, shard_id: int) -> str:
@@ -404,17 +420,11 @@ class ShardingService:
                 )
         return out
 
-    @contextlib.contextmanager
-    def deferred_commits(self) -> Iterator[list[tuple[_Entry, int]]]:
+    def deferred_commits(self) -> _Deferred:
         """Inside, this thread's shard grants and ends do not write: each leaves its
-        (entry, version) in the yielded list, and the caller must make them durable
+        (entry, version) in the list `with` yields, and the caller must make them durable
         (`commit`, or `master.sharding.group_commit`) before it answers the node."""
-        pending: list[tuple[_Entry, int]] = []
-        self._deferring.pending = pending
-        try:
-            yield pending
-        finally:
-            self._deferring.pending = None
+        return _Deferred(self._deferring)
 
     def commit(self, entry: _Entry, version: int | None = None) -> None:
         """Make the ledger durable as of `version` (default: every change so far)."""

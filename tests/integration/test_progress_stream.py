@@ -43,6 +43,34 @@ def test_stream_applies_reports_in_order_and_skips_stale_ones(harness):
     assert harness.job.global_step == 100
 
 
+def test_a_streams_reply_comes_once_the_shard_ends_it_carried_are_stored(
+    harness, tmp_path, monkeypatch
+):
+    from master.sharding.service import ShardingService
+    from master.state.sqlite import SQLiteStateStore
+
+    sharding = harness.job.sharding
+    sharding._flush_seconds = 3600  # no periodic flush: only the stream's writes
+    time.sleep(0.3)  # the flusher's current wait ends
+    commit = sharding.commit
+
+    def slow_commit(*args):  # the aio server's group writes take their time
+        time.sleep(0.2)
+        commit(*args)
+
+    monkeypatch.setattr(sharding, "commit", slow_commit)
+    c = harness.client(0)
+    make_dataset(c)
+    shards = [c.get_shard("d").shard for _ in range(3)]
+    stream = ProgressStream(c)
+    for s in shards:
+        stream.send("d", [(s.shard_id, s.end - s.start)])
+    assert stream.close().applied == 3
+    stored = ShardingService(SQLiteStateStore(str(tmp_path / "state.sqlite")), 3600)
+    assert stored.stats()[0].records_done == 300
+    stored.close()
+
+
 def test_node_end_waits_for_its_stream_before_requeueing(harness):
     c = harness.client(0)
     make_dataset(c)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -379,4 +380,67 @@ def test_writes_of_a_busy_ledger_are_spaced_and_a_quiet_one_is_written_at_once(
     for holder in [*range(9), *range(10, 14), 20, 21, 30]:
         assert len(ledger.held_by(holder)) == 1, holder
     committer.close()
+    svc.close()
+
+
+def test_soon_stores_a_change_nobody_waits_for_and_those_made_while_a_write_ran(
+    path: Path,
+) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)  # no periodic flush to help
+    svc.create(SPEC)
+    committer = GroupCommitter(svc)
+    store.gate = threading.Event()  # the first write waits while the second change is made
+
+    async def main() -> None:
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=1, request_id=1)
+        committer.soon(pending)
+        await asyncio.get_running_loop().run_in_executor(None, store.writing.wait, 10)
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=2, request_id=1)
+        committer.soon(pending)  # a write runs: this change needs the next one
+        store.gate.set()
+        entry, version = pending[0]
+        deadline = time.monotonic() + 10
+        while entry.durable < version and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    committer.close()
+    ledger = reopened(path)._datasets["ds"].ledger
+    assert len(ledger.held_by(1)) == 1 and len(ledger.held_by(2)) == 1
+    svc.close()
+
+
+def test_a_failed_write_that_nobody_waits_for_is_logged_and_the_next_one_stores_it(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CountingStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    committer = GroupCommitter(svc)
+    store.fail_next = 1
+
+    async def main() -> None:
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=1, request_id=1)
+        committer.soon(pending)
+        entry, _ = pending[0]
+        deadline = time.monotonic() + 10
+        while store.fail_next and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        while entry in committer._writing and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # until the failed write's callback has run
+        assert reopened(path)._datasets["ds"].ledger.held_by(1) == []
+        with svc.deferred_commits() as pending:
+            svc.get_shard("ds", holder=2, request_id=1)
+        await committer.durable(pending)  # its write holds holder 1's grant too
+
+    with caplog.at_level(logging.WARNING, logger="master.sharding.group_commit"):
+        asyncio.run(main())
+    committer.close()
+    assert "disk full" in caplog.text
+    ledger = reopened(path)._datasets["ds"].ledger
+    assert len(ledger.held_by(1)) == 1 and len(ledger.held_by(2)) == 1
     svc.close()
