@@ -15,7 +15,6 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future
-from typing import Any
 
 import grpc
 
@@ -59,24 +58,21 @@ class AioMasterServicer(MasterServicer):
 
     async def _inline(self, method: Callable, request: object, context: grpc.ServicerContext):
         """Run the sync servicer's `method` (unguarded: its body never uses the context) here,
-        its ledger writes group-committed; domain errors become statuses."""
-        try:
-            return await self._durably(method, self, request, context)
-        except Exception as e:
-            await _answer_error(context, e)
-
-    async def _durably(self, fn: Callable, *args: object) -> Any:
-        """fn(*args) with the shard grants and ends it makes stored before it returns."""
-        error: Exception | None = None
+        its ledger writes group-committed before it answers (what it changed before failing
+        too); domain errors become statuses."""
+        result = error = None
         with self.job.sharding.deferred_commits() as pending:
             try:
-                result = fn(*args)
-            except Exception as e:  # what it changed before failing is stored all the same
+                result = method(self, request, context)
+            except Exception as e:
                 error = e
-        if pending:
-            await self.commits.durable(pending)
-        if error is not None:
-            raise error
+        try:
+            if pending:
+                await self.commits.durable(pending)
+            if error is not None:
+                raise error
+        except Exception as e:
+            await _answer_error(context, e)
         return result
 
     async def Heartbeat(self, request, context):  # noqa: N802
