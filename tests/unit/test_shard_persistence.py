@@ -383,6 +383,27 @@ def test_writes_of_a_busy_ledger_are_spaced_and_a_quiet_one_is_written_at_once(
     svc.close()
 
 
+def test_a_busy_ledgers_next_write_starts_once_as_many_changes_are_made_again(
+    path: Path,
+) -> None:
+    store = TimedStore(str(path))
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    spacing = 30.0  # never reached here: the count starts each write
+    committer = GroupCommitter(svc, spacing_seconds=spacing, space_after=4)
+    writes_before = len(store.starts)
+    began = time.monotonic()
+    for first in range(0, 40, 10):
+        _ask(svc, committer, range(first, first + 5))  # 5 changes: busy, the next batch is 4
+    assert time.monotonic() - began < spacing
+    assert len(store.starts) - writes_before == 4
+    ledger = reopened(path)._datasets["ds"].ledger
+    for holder in [h for first in range(0, 40, 10) for h in range(first, first + 5)]:
+        assert len(ledger.held_by(holder)) == 1, holder
+    committer.close()
+    svc.close()
+
+
 def test_soon_stores_a_change_nobody_waits_for_and_those_made_while_a_write_ran(
     path: Path,
 ) -> None:
