@@ -325,6 +325,13 @@ def test_a_write_done_but_not_yet_forgotten_is_not_awaited_again(path: Path) -> 
     svc.close()
 
 
+def _dataset_service(store: SQLiteStateStore) -> ShardingService:
+    """A shard service on `store` with SPEC created, without a periodic flush."""
+    svc = ShardingService(store, flush_seconds=3600)
+    svc.create(SPEC)
+    return svc
+
+
 class TimedStore(SQLiteStateStore):
     """SQLite store that notes when each outermost write begins."""
 
@@ -357,8 +364,7 @@ def test_writes_of_a_busy_ledger_are_spaced_and_a_quiet_one_is_written_at_once(
     path: Path,
 ) -> None:
     store = TimedStore(str(path))
-    svc = ShardingService(store, flush_seconds=3600)
-    svc.create(SPEC)
+    svc = _dataset_service(store)
     spacing = 1.0
     committer = GroupCommitter(svc, spacing_seconds=spacing, space_after=4)
     # Writes that covered fewer than 4 changes: the next one is not held back.
@@ -387,8 +393,7 @@ def test_a_busy_ledgers_next_write_starts_once_as_many_changes_are_made_again(
     path: Path,
 ) -> None:
     store = TimedStore(str(path))
-    svc = ShardingService(store, flush_seconds=3600)
-    svc.create(SPEC)
+    svc = _dataset_service(store)
     spacing = 30.0  # never reached here: the count starts each write
     committer = GroupCommitter(svc, spacing_seconds=spacing, space_after=4)
     writes_before = len(store.starts)
@@ -408,8 +413,7 @@ def test_soon_stores_a_change_nobody_waits_for_and_those_made_while_a_write_ran(
     path: Path,
 ) -> None:
     store = CountingStore(str(path))
-    svc = ShardingService(store, flush_seconds=3600)  # no periodic flush to help
-    svc.create(SPEC)
+    svc = _dataset_service(store)  # no periodic flush to help
     committer = GroupCommitter(svc)
     store.gate = threading.Event()  # the first write waits while the second change is made
 
@@ -438,8 +442,7 @@ def test_a_failed_write_that_nobody_waits_for_is_logged_and_the_next_one_stores_
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = CountingStore(str(path))
-    svc = ShardingService(store, flush_seconds=3600)
-    svc.create(SPEC)
+    svc = _dataset_service(store)
     committer = GroupCommitter(svc)
     store.fail_next = 1
 
