@@ -55,11 +55,10 @@ class GroupCommitter:
         self._space_after = space_after
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-write")
         self._writing: dict[Any, asyncio.Future] = {}  # per ledger entry: the write running
-        # Per ledger entry, used by the writer thread only: when its next write may start.
-        self._next_start: dict[Any, float] = {}
         self._wanted: dict[Any, int] = {}  # per ledger entry: the version `soon` asked for
-        # Per ledger entry: the changes that start its next write before the spacing ends.
-        self._batch: dict[Any, int] = {}
+        # Per busy ledger entry (its last write covered `space_after` changes or more): when its
+        # next write starts at the latest, and the changes that start it sooner.
+        self._busy: dict[Any, tuple[float, int]] = {}
         self._sleeping: Any = None  # the entry whose write waits for its batch or spacing
         self._wake = threading.Event()  # set by the loop once that batch is there
 
@@ -99,19 +98,17 @@ class GroupCommitter:
 
     def _nudge(self, entry: Any) -> None:
         """On the loop, after a change: start a waiting write whose batch is complete."""
-        if self._sleeping is entry and entry.version - entry.durable >= self._batch.get(
-            entry, entry.version + 1
-        ):
+        busy = self._busy.get(entry)
+        if self._sleeping is entry and busy and entry.version - entry.durable >= busy[1]:
             self._wake.set()
 
     def _write(self, entry: Any) -> None:
         """In the writer thread: store the ledger as it is once its batch is there or its
         spacing has passed (so with every change made meanwhile)."""
-        deadline = self._next_start.get(entry, 0.0)
-        batch = self._batch.get(entry)
+        deadline, batch = self._busy.get(entry, (0.0, 0))
         while (delay := deadline - time.monotonic()) > 0:
             self._sleeping = entry  # before the check: a change made after it wakes us
-            if batch is not None and entry.version - entry.durable >= batch:
+            if entry.version - entry.durable >= batch:
                 break
             self._wake.wait(delay)
             self._wake.clear()
@@ -121,11 +118,10 @@ class GroupCommitter:
         self._sharding.commit(entry)
         covered = entry.durable - before
         if covered >= self._space_after:
-            self._next_start[entry] = started + self._spacing
-            self._batch[entry] = max(self._space_after, int(covered * BATCH_SHARE))
+            batch = max(self._space_after, int(covered * BATCH_SHARE))
+            self._busy[entry] = (started + self._spacing, batch)
         else:
-            self._next_start[entry] = 0.0
-            self._batch.pop(entry, None)
+            self._busy.pop(entry, None)
 
     def _finished(self, entry: Any, write: asyncio.Future) -> None:
         if self._writing.get(entry) is write:
