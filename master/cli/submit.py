@@ -24,6 +24,7 @@ from master.job.events import INCIDENT_KINDS, ROUTINE_KINDS
 from master.job.faults import Fault
 from master.job.master import LAUNCH_ORDER, JobEvent, JobMaster, JobRuntime, JobState
 from master.nodes.model import ExitReason, Node
+from master.nodes.policy import heartbeat_interval
 from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
 from master.rpc.aio_server import start_aio_server
@@ -328,7 +329,10 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
         cfg.port,
         cfg.job_token,
         rpc_threads(cfg.max_workers, spec),
-        int(cfg.heartbeat_interval_seconds * 1000),
+        int(
+            heartbeat_interval(cfg.heartbeat_interval_seconds, spec.heartbeat_timeout_seconds)
+            * 1000
+        ),
         interceptors=observability.interceptors(),
         tls=server_tls,
     )

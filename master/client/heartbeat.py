@@ -55,9 +55,15 @@ class HeartbeatThread(threading.Thread):
         due."""
         self._last_carried = time.monotonic()
 
+    def _due_at(self) -> float:
+        """When the next call is due: an interval after the last, unless a carried beat is
+        fresh then; that defers it to the carried beat's freshness end or the command poll."""
+        regular = self._last_call + self._interval
+        fresh_until = self._last_carried + CARRIED_FRESH_INTERVALS * self._interval
+        return max(regular, min(fresh_until, self._last_call + self._command_poll))
+
     def _call_due(self, now: float) -> bool:
-        fresh = now - self._last_carried < CARRIED_FRESH_INTERVALS * self._interval
-        return not fresh or now - self._last_call >= self._command_poll
+        return now >= self._due_at()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
@@ -71,7 +77,9 @@ class HeartbeatThread(threading.Thread):
                             self._on_command(cmd)
                 except MasterError as e:
                     log.warning("heartbeat failed: %s", e)
-            self._stop_event.wait(self._interval)
+            # Woken at the due time, not an interval later: once carried beats stop (a trainer
+            # hung or waiting), the master hears a beat within the freshness span.
+            self._stop_event.wait(max(self._due_at() - time.monotonic(), 0.01))
 
     def stop(self) -> None:
         self._stop_event.set()

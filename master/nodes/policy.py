@@ -11,6 +11,7 @@ from master.nodes.model import TRAINING_TYPES, ExitReason, Node, NodeState
 
 OOM_MEMORY_GROWTH = 1.5
 EXIT_CODE_SIGKILL_SHELL = 128 + signal.SIGKILL
+BEATS_PER_TIMEOUT = 3
 
 
 def classify_exit(
@@ -121,6 +122,12 @@ def training_finished(nodes: Iterable[Node], replicas: dict[str, int]) -> JobOut
             if node is None or node.state != NodeState.SUCCEEDED:
                 return JobOutcome.RUNNING
     return JobOutcome.SUCCEEDED
+
+
+def heartbeat_interval(configured: float, timeout: float) -> float:
+    """The interval nodes beat at: the configured one, or less, so that BEATS_PER_TIMEOUT
+    beats fit in the job's heartbeat timeout (one late or skipped beat is no loss)."""
+    return min(configured, timeout / BEATS_PER_TIMEOUT)
 
 
 def heartbeat_lost(node: Node, now: float, timeout: float) -> bool:

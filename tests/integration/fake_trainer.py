@@ -2,10 +2,11 @@
 
 Each step "trains" on one batch: it appends the indices to an ids file, then reports the
 step to the master, as the TF hooks do. Options come from the environment:
-FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (exit code 3
-at start without a traceback, a failure a relaunch may fix), FAKE_RAISE (an exception at
-start-up: a deterministic user-code error), FAKE_HANG_AT_STEP (the first incarnation to reach
-that step stops stepping but keeps its heartbeat, like a deadlocked training loop),
+FAKE_SIZE, FAKE_BATCH, FAKE_EPOCHS, FAKE_RECORDS_PER_SHARD (0: the master paces shard sizes),
+FAKE_STEP_SECONDS, FAKE_IDS_DIR, FAKE_FAIL (exit code 3 at start without a traceback, a failure
+a relaunch may fix), FAKE_RAISE (an exception at start-up: a deterministic user-code error),
+FAKE_HANG_AT_STEP=STEP[:RANK] (the first incarnation to reach that step, of worker RANK if
+given, stops stepping but keeps its heartbeat, like a deadlocked training loop),
 FAKE_SLOW_RANK=R:SECONDS[:once] (worker R sleeps that long per step: a straggler; with
 `once`, only its first incarnation), FAKE_PS_SECONDS (after its own FAKE_STEP_SECONDS, each
 step holds a lock shared by all trainers this long, like a PS serving one update at a time:
@@ -63,6 +64,7 @@ def main() -> int:
         size=int(os.environ.get("FAKE_SIZE", "2000")),
         batch_size=int(os.environ.get("FAKE_BATCH", "16")),
         epochs=int(os.environ.get("FAKE_EPOCHS", "2")),
+        records_per_shard=int(os.environ.get("FAKE_RECORDS_PER_SHARD", "0")),
         shuffle=True,
         seed=7,
     )
@@ -76,7 +78,8 @@ def main() -> int:
         and (once != "once" or _first_to(ids_dir, "slow-once"))
     ):
         step_seconds = float(slow_seconds)
-    hang_at = int(os.environ.get("FAKE_HANG_AT_STEP", "0"))
+    hang_step, _, hang_rank = os.environ.get("FAKE_HANG_AT_STEP", "0").partition(":")
+    hang_at = int(hang_step) if hang_rank in ("", os.environ["DLROVER_NODE_RANK"]) else 0
     ps_seconds = float(os.environ.get("FAKE_PS_SECONDS", "0"))
     ps_lock = (
         os.open(os.path.join(ids_dir, "ps.lock"), os.O_CREAT | os.O_RDWR) if ps_seconds else -1

@@ -155,9 +155,14 @@ def test_frozen_worker_is_detected_by_heartbeat_loss_and_replaced(tmp_path):
 
 
 def test_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
+    # Shards of 40 batches: the worker hangs half-way through its first, holding it.
     job = write_job(
         tmp_path,
-        env={"FAKE_STEP_SECONDS": "0.01", "FAKE_HANG_AT_STEP": "20"},
+        env={
+            "FAKE_STEP_SECONDS": "0.01",
+            "FAKE_HANG_AT_STEP": "20",
+            "FAKE_RECORDS_PER_SHARD": "640",
+        },
         hang_timeout_seconds=2,
     )
     proc, summary = submit(job, tmp_path)
@@ -167,6 +172,30 @@ def test_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
     assert len(hung) == 1 and hung[0]["type"] == "worker"
     counts = trained_counts(tmp_path)
     assert counts.min() == 2 and int((counts - 2).sum()) <= 16
+
+
+def test_a_worker_idle_with_no_shard_is_neither_hung_nor_lost_under_a_short_timeout(tmp_path):
+    """A trainer that holds no shard may wait (here: stops at the end of its first shard of
+    20 batches while the other trains the rest, 3.5 s or more); its heartbeat thread keeps
+    it alive even though its beats rode its progress reports until then."""
+    job = write_job(
+        tmp_path,
+        env={
+            "FAKE_STEP_SECONDS": "0.01",
+            "FAKE_HANG_AT_STEP": "20:1",  # worker 1: worker 0's end ends the job
+            "FAKE_RECORDS_PER_SHARD": "320",
+        },
+        hang_timeout_seconds=2,
+    )
+    proc, summary = submit(job, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    assert not [e for e in events if e["kind"] in ("heartbeat_lost", "hang")], proc.stdout
+    idle = glob.glob(str(tmp_path / "ids" / "worker.1.*.ids"))
+    assert [os.path.getsize(f) for f in idle] == [320 * 8]  # one shard, then it waited
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2 and int((counts - 2).sum()) == 0
 
 
 def _scale(addr, token_file, target):

@@ -328,24 +328,6 @@ def test_a_coalesced_report_carries_the_heartbeat_and_leaves_commands_for_the_ca
     stream.close()
 
 
-def test_the_heartbeat_thread_calls_when_no_report_carried_a_beat_and_for_commands():
-    from master.client.heartbeat import (
-        CARRIED_FRESH_INTERVALS,
-        COMMAND_POLL_SECONDS,
-        HeartbeatThread,
-    )
-
-    beat = HeartbeatThread(client=None, interval=1.0)
-    assert beat._call_due(100.0)  # nothing carried yet
-    beat._last_call = 100.0
-    beat._last_carried = 100.5
-    assert not beat._call_due(101.0)
-    # A trainer that stopped stepping (hung, paused) carries no beat: the thread beats again.
-    assert beat._call_due(100.5 + CARRIED_FRESH_INTERVALS + 0.01)
-    beat._last_carried = 100.0 + COMMAND_POLL_SECONDS - 0.1
-    assert beat._call_due(100.0 + COMMAND_POLL_SECONDS)  # commands are fetched every few s
-
-
 def test_a_coalescing_stream_sends_the_first_step_after_a_quiet_interval_at_once(harness, tmp_path):
     """After an interval with no report (a pause, a recovery), the next step is not held for
     the rest of a new interval: the master learns at once that training resumed."""
