@@ -631,6 +631,10 @@ def build_results(
             entry[f"{mode}_ratio_to_dlrover"] = (
                 _ratio(ours.round_trips_per_s, ref.round_trips_per_s) if ref else None
             )
+            # The ceiling of that ratio in this run: a server that does no work, same clients.
+            entry[f"echo_{mode}_ratio_to_dlrover"] = (
+                _ratio(echo.round_trips_per_s, ref.round_trips_per_s) if ref else None
+            )
         entry["other_load_cpu_pct"] = round(max(f.other_cpu_pct for f in by.values()), 1)
         results.append(entry)
     target = measured.get(TARGET_CLIENTS)
@@ -744,7 +748,8 @@ def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
         w(
             f"round trips at {TARGET_CLIENTS} clients (worker mode) >= "
             f"{TARGET_RATIO_TO_DLROVER:g}x DLRover's: {target['worker_ratio_to_dlrover']:.2f}x: "
-            f"{verdict}\n"
+            f"{verdict} (the echo server with the same clients: "
+            f"{target['echo_worker_ratio_to_dlrover']:.2f}x, the most any master could reach)\n"
         )
     if target is not None and "worker" in doc["modes"]:
         ratio = target["worker_cpu_ratio_to_echo"]
