@@ -531,11 +531,13 @@ def test_tf_ps_kill_without_elastic_model_fn_the_data_follows_the_restored_check
     # The program uses only the sharded input and the documented ShardProgressHook (no
     # elastic_model_fn, no CheckpointLedgerListener): the hook alone tells the master of each
     # checkpoint the chief saves and of the step the chief's session restored.
-    # 1,125 steps (checkpoints at 0, 200, 400, ...): the kill comes 150 steps past the first
+    # 2,250 steps (checkpoints at 0, 200, 400, ...): the kill comes 150 steps past the first
     # checkpoint after 0, with a good margin before the end even if the chief trains alone (a
     # worker that finds the chief not ready at its first check sleeps TF's 30 s; the chief
-    # alone trains up to ~200 steps/s here).
-    records = 3 * RECORDS
+    # alone trains up to ~200 steps/s here), or starts late: its checkpoints come only with its
+    # own steps, and its first step trails the workers' by 1-2 s, once (in CI) by more than the
+    # 6 s the two workers took to train all 1,125 steps of half this data.
+    records = 6 * RECORDS
     ids = write_job(tmp_path, records=records, args=_checkpoint_every(200))
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     job["command"].append("--progress-hook-only")
