@@ -176,13 +176,15 @@ def test_hung_worker_is_restarted_and_its_shards_requeued(tmp_path):
 
 def test_a_worker_idle_with_no_shard_is_neither_hung_nor_lost_under_a_short_timeout(tmp_path):
     """A trainer that holds no shard may wait (here: stops at the end of its first shard of
-    20 batches while the other trains the rest, 3.5 s or more); its heartbeat thread keeps
-    it alive even though its beats rode its progress reports until then."""
+    20 batches while the other trains the rest, about 7 s); its heartbeat thread keeps it
+    alive even though its beats rode its progress reports until then."""
     job = write_job(
         tmp_path,
         env={
             "FAKE_STEP_SECONDS": "0.01",
+            "FAKE_SLOW_RANK": "0:0.02",  # room for worker 1 to start late and still step
             "FAKE_HANG_AT_STEP": "20:1",  # worker 1: worker 0's end ends the job
+            "FAKE_SIZE": "3200",  # ten shards of 320 records: the first always ends at step 20
             "FAKE_RECORDS_PER_SHARD": "320",
         },
         hang_timeout_seconds=2,
@@ -194,7 +196,7 @@ def test_a_worker_idle_with_no_shard_is_neither_hung_nor_lost_under_a_short_time
     assert not [e for e in events if e["kind"] in ("heartbeat_lost", "hang")], proc.stdout
     idle = glob.glob(str(tmp_path / "ids" / "worker.1.*.ids"))
     assert [os.path.getsize(f) for f in idle] == [320 * 8]  # one shard, then it waited
-    counts = trained_counts(tmp_path)
+    counts = trained_counts(tmp_path, size=3200)
     assert counts.min() == 2 and int((counts - 2).sum()) == 0
 
 
