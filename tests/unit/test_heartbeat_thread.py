@@ -47,15 +47,14 @@ class _Wait:
     wait's number to something to do once it has passed; the waits end the run."""
 
     def __init__(self, clock: _Clock, waits: int, script: dict) -> None:
-        self.clock, self.left, self.script, self.count = clock, waits, script, 0
+        self.clock, self.waits, self.script, self.count = clock, waits, script, 0
 
     def is_set(self) -> bool:
-        return self.left <= 0
+        return self.count >= self.waits
 
     def wait(self, seconds: float) -> bool:
         self.clock.now += seconds
         self.count += 1
-        self.left -= 1
         if self.count in self.script:
             self.script[self.count]()
         return self.is_set()
