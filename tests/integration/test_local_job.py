@@ -68,6 +68,12 @@ def start_submit(job_yaml, tmp_path, *args) -> subprocess.Popen:
     )
 
 
+def run_events(summary) -> list[dict]:
+    """Every event of the job, from its run dir's events.jsonl."""
+    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def trained_counts(tmp_path, size=3000):
     files = glob.glob(str(tmp_path / "ids" / "*.ids"))
     ids = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
@@ -107,8 +113,7 @@ def test_killed_worker_is_relaunched_and_no_record_is_lost(tmp_path):
         text=True,
     )
     assert missing.returncode == 2 and "nodes with logs: worker-0, worker-1" in missing.stderr
-    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
-        events = [json.loads(line) for line in f]
+    events = run_events(summary)
     kinds = [e["kind"] for e in events if e["kind"] not in ("node_running", "node_exited")]
     assert kinds[:3] == ["fault", "node_failed", "relaunch"] and kinds[-1] == "job_succeeded"
     # Structured: which node, the classified reason, and the details of each decision.
@@ -191,8 +196,7 @@ def test_a_worker_idle_with_no_shard_is_neither_hung_nor_lost_under_a_short_time
     )
     proc, summary = submit(job, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with open(os.path.join(summary["run_dir"], "events.jsonl")) as f:
-        events = [json.loads(line) for line in f]
+    events = run_events(summary)
     assert not [e for e in events if e["kind"] in ("heartbeat_lost", "hang")], proc.stdout
     idle = glob.glob(str(tmp_path / "ids" / "worker.1.*.ids"))
     assert [os.path.getsize(f) for f in idle] == [320 * 8]  # one shard, then it waited
