@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only a type here: a process that raises none of these need not load grpc
+    import grpc
 
 
 class MasterError(RuntimeError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.platform.api import NodeLaunchSpec
+from master.platform.pod_guard import guarded_command
 
 LABEL_JOB = "dlrover.io/job"
 LABEL_ROLE = "dlrover.io/role"  # "master" or "node"
@@ -279,6 +280,13 @@ def shm_volume(size: str) -> dict[str, Any]:
     return {"name": "dshm", "emptyDir": empty_dir}
 
 
+def runs_pod_guard(spec: NodeLaunchSpec) -> bool:
+    """Whether the node's container starts under master.platform.pod_guard: a node that may
+    train (not a PS) in the job's own image, which has this package. Its trainers then report
+    progress once a second, the guard handing the master their last positions at the end."""
+    return not spec.image and spec.type != "ps"
+
+
 def node_pod(
     s: K8sSettings, spec: NodeLaunchSpec, env: Mapping[str, str], token_secret: str = ""
 ) -> dict[str, Any]:
@@ -298,6 +306,8 @@ def node_pod(
             }
         )
     command = list(spec.image_command if spec.image and spec.image_command else spec.command)
+    if runs_pod_guard(spec):
+        command = guarded_command(command)
     container: dict[str, Any] = {
         "name": spec.type,
         "image": spec.image or s.image,

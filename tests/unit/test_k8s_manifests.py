@@ -10,6 +10,7 @@ selectors, the job YAML inside the ConfigMap).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import os
@@ -382,6 +383,25 @@ def test_node_pod_without_resources_token_or_owner_is_still_valid():
     assert "resources" not in container and "workingDir" not in container
     assert pod["spec"]["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     check_object(node_service(settings, "evaluator", 0))
+
+
+def test_trainer_pods_of_the_jobs_image_start_under_the_pod_guard():
+    """Nodes that may train, in the job's own image (which has this package), start under the
+    guard that hands their last data positions to the master; a PS, or a node in a user's image
+    (which may not have it), runs its command as given."""
+    settings = K8sSettings(job_name="j", image="dlrover:1")
+    command = ("python", "train.py")
+
+    def pod_command(node_type: str, image: str = "") -> list[str]:
+        spec = NodeLaunchSpec(node_type, 0, 1, command, {}, "", "", 0.0, 0, image=image)
+        if image:
+            spec = dataclasses.replace(spec, image_command=command)
+        return node_pod(settings, spec, {})["spec"]["containers"][0]["command"]
+
+    guarded = ["python", "-m", "master.platform.pod_guard", "--", *command]
+    assert pod_command("worker") == pod_command("chief") == pod_command("evaluator") == guarded
+    assert pod_command("ps") == list(command)
+    assert pod_command("worker", image="tensorflow/tensorflow:2.15.0") == list(command)
 
 
 def test_long_job_names_are_shortened_to_dns_labels():
