@@ -1,11 +1,12 @@
 """Shard round trips per second and latency against a real master over gRPC on loopback.
 
-One round trip is one shard, taken and reported consumed, in two ways:
+One round trip is one shard, taken and reported consumed, in three ways:
 
 - "coalesced" (the headline): what a real worker does (`dlrover_tf.ShardedDataset`) where its
   platform reads a dead trainer's position file back (local processes, Ray, and Kubernetes
-  trainer pods in the job's image, under the pod guard): one unary
-  `MasterClient.get_shard(dataset, wait_ms=0)`, then the shard's progress through the node's
+  trainer pods in the job's image, under the pod guard): `MasterClient.get_shard(dataset,
+  wait_ms=0)` (an ask on the node's open `ShardStream` on the aio server, a unary `GetShard` on
+  the sync server, which serves no such stream), then the shard's progress through the node's
   `ProgressStream` with a position file: each step's position written to the file (one
   `pwrite`), the steps of each second sent as one message on the stream.
 - "worker": the same with a report per step on the stream (a node whose platform reads no file
@@ -15,14 +16,16 @@ In both the master applies stream messages in order, each one's shard ends writt
 group write while it reads on, and answers the stream once all are stored; each client flushes
 its stream at the end of a phase (the time that takes is reported as the drain, so a backlog
 could not hide).
-- "unary": the older two-call form, `get_shard` then a unary `report_progress` of the whole shard.
+- "unary": the older two-call form, a unary `GetShard`, then a unary `report_progress` of the
+  whole shard.
 
 The master runs in its own process (a JobMaster built as `dlrover submit` builds it: SQLite state
 file, token check, per-connection rate limit, RPC timing interceptor; 64 registered worker
 incarnations, no node launched). The clients are `MasterClient`s, one per thread, each with its
 own connection (as separate nodes have), spread over two client processes. The same clients then
 drive an "echo" server in the same run: the Master service's methods answering pre-encoded
-replies of the same size (a 1,024-record shard) without any work, the transport-only ceiling.
+replies of the same size (a 1,024-record shard) without any work, the transport-only ceiling
+(on the aio server asks on a stream too, as the master answers them).
 Where the anchors environment exists (`make anchors`), DLRover 0.6.1's master is measured in the
 same run with its own client, as many clients, one shard taken and reported per round trip
 (benchmarks/anchor_sharding.py); no figure of it is ever written here.
@@ -181,6 +184,10 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
             pass
         return b""
 
+    async def asks_async(requests, context: grpc.aio.ServicerContext):
+        async for _ in requests:
+            yield shard_reply
+
     if server_kind == "aio":
         from master.rpc.aio_server import AioServer
 
@@ -191,6 +198,8 @@ def _start_echo(server_kind: str) -> tuple[Callable[[], None], int, str, list[in
                 "CreateDataset": grpc.unary_unary_rpc_method_handler(create_async),
                 "ReportProgress": grpc.unary_unary_rpc_method_handler(report_async),
                 "StreamProgress": grpc.stream_unary_rpc_method_handler(stream_async),
+                # Shard asks on a stream, as the aio master serves them (the sync one does not).
+                "ShardStream": grpc.stream_stream_rpc_method_handler(asks_async),
             },
         )
         bound = [0]
@@ -281,6 +290,7 @@ def _round_trip(phase: Phase, rank: int, node_id: int) -> tuple[Callable, Callab
         phase.token,
         NodeIdentity("worker", rank, node_id),
         channel_options=PRIVATE_CONNECTION,
+        shard_asks_on_stream=phase.mode != "unary",  # the two-unary form asks by GetShard
     )
     # Connect before the common start (the channel is private to MasterClient, fine here).
     grpc.channel_ready_future(client._channel).result(timeout=CLIENT_READY_TIMEOUT_S)
@@ -687,12 +697,13 @@ def print_table(doc: dict, seconds: float, out=sys.stdout) -> None:
     w(
         f"\nshard round trips, {seconds:g}s per phase, {CLIENT_PROCESSES} client processes "
         f"(a connection per client), loopback gRPC, {os.cpu_count()} cores\n"
-        "coalesced: get_shard + the shard's end in the position file, the steps of each second "
+        "coalesced: an ask on the shard stream + the shard's end in the position file, the steps "
+        "of each second "
         "in one stream message\n           (what ShardedDataset does where a dead trainer's file "
         "is read back: local, Ray, Kubernetes pods under the guard)\n"
-        f"worker: get_shard + {steps} progress message(s) per shard on the progress stream "
+        f"worker: an ask + {steps} progress message(s) per shard on the progress stream "
         "(ShardedDataset reporting every step)\n"
-        "unary:  get_shard + report_progress (two unary calls)\n\n"
+        "unary:  GetShard + report_progress (two unary calls)\n\n"
     )
     head = (
         f"{'clients':>7} | {'mode':>9} | {'master rt/s':>11} {'p50 ms':>7} {'p99 ms':>7} "

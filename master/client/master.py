@@ -24,6 +24,7 @@ from master.client.env import (
 )
 from master.client.errors import MasterError, StaleNodeError
 from master.client.identity import NodeIdentity
+from master.client.shard_asks import ShardAskStream
 from master.client.tls import ClientTLS, TLSError
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.shuffle.permutation import record_indices
@@ -58,8 +59,11 @@ class MasterClient:
         retry_seconds: float = 60.0,
         tls: ClientTLS | None = None,
         channel_options: Iterable[tuple[str, object]] = (),
+        shard_asks_on_stream: bool = True,
     ) -> None:
-        """`channel_options`: extra gRPC channel arguments (e.g. a private connection)."""
+        """`channel_options`: extra gRPC channel arguments (e.g. a private connection).
+        `shard_asks_on_stream`: `get_shard` asks on the node's `ShardStream` (else by unary
+        calls only)."""
         self.addr = addr
         self.node = node
         self.call_timeout = call_timeout
@@ -93,6 +97,14 @@ class MasterClient:
         else:
             self._channel = grpc.insecure_channel(addr, options=options)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
+        self._asks = (
+            ShardAskStream(
+                lambda requests: self._stub.ShardStream(requests, metadata=self._metadata),
+                call_timeout,
+            )
+            if shard_asks_on_stream
+            else None
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MasterClient:
@@ -109,6 +121,8 @@ class MasterClient:
         )
 
     def close(self) -> None:
+        if self._asks is not None:
+            self._asks.close()
         self._channel.close()
 
     def _node_pb(self) -> common_pb2.NodeRef:
@@ -219,7 +233,11 @@ class MasterClient:
             request_id=ask,
             indices_local=spec is not None,
         )
-        reply = self._call(self._stub.GetShard, req, timeout=self.call_timeout + wait_ms / 1000)
+        # On the node's open stream when it answers; else (busy with another thread's ask,
+        # broken, refused) by a unary call with the same ask id.
+        reply = self._asks.ask(req) if self._asks is not None else None
+        if reply is None:
+            reply = self._call(self._stub.GetShard, req, timeout=self.call_timeout + wait_ms / 1000)
         shard = reply.shard
         if reply.status == data_pb2.GetShardReply.SHARD and spec and not shard.record_indices:
             indices = record_indices(

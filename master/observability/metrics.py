@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from master.config import NODE_TYPES
 from master.job.events import JobEvent
 from master.nodes.model import NodeState
-from master.rpc.rewrap import RewrapCache, by_kind, rewrap
+from master.rpc.rewrap import RewrapCache, async_gen_only, by_kind, rewrap
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -244,8 +244,40 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
                 stream_in=by_kind(
                     lambda b: self._counted(b, method), lambda b: self._counted_async(b, method)
                 ),
+                bidi=async_gen_only(lambda b: self._timed_each_async(b, method)),
             ),
         )
+
+    def _timed_each_async(self, behavior: Callable, method: str) -> Callable:
+        """Each ask on a bidirectional stream (answered in order) is counted as a message and
+        timed from its arrival to its answer, as a unary call would be."""
+        counter = self._stream_messages.labels(method)
+        ok = self._histogram.labels(method, "OK")
+
+        async def timed(requests: AsyncIterator, context: grpc.aio.ServicerContext):
+            arrived: list[float] = []
+
+            async def each() -> AsyncIterator:
+                async for request in requests:
+                    counter.inc()
+                    arrived.append(time.perf_counter())
+                    yield request
+
+            try:
+                async for reply in behavior(each(), context):
+                    if arrived:
+                        ok.observe(time.perf_counter() - arrived.pop(0))
+                    yield reply
+            except BaseException:  # the ask in flight failed (an abort ends the stream)
+                if arrived:
+                    code = _code_name(context, "UNKNOWN")
+                    code = "UNKNOWN" if code == "OK" else code
+                    self._histogram.labels(method, code).observe(
+                        time.perf_counter() - arrived.pop(0)
+                    )
+                raise
+
+        return timed
 
     def _timed(self, behavior: Callable, method: str) -> Callable:
         histogram = self._histogram

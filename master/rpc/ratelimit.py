@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from master.rpc.rewrap import RewrapCache, by_kind, rewrap
+from master.rpc.rewrap import RewrapCache, async_gen_only, by_kind, rewrap
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0
@@ -97,5 +97,23 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
 
             return call
 
+        def limited_each_async(behavior: Callable) -> Callable:
+            # On a bidirectional stream each message counts as a call (each is an ask).
+            async def call(requests: AsyncIterator, context: grpc.aio.ServicerContext):
+                async def each() -> AsyncIterator:
+                    async for request in requests:
+                        if not buckets.take(context.peer()):
+                            await context.abort(
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"more than {buckets.rate:g} requests/s from this client; "
+                                "slow down",
+                            )
+                        yield request
+
+                async for reply in behavior(each(), context):
+                    yield reply
+
+            return call
+
         wrap = by_kind(limited, limited_async)
-        return rewrap(handler, unary=wrap, stream_in=wrap)
+        return rewrap(handler, unary=wrap, stream_in=wrap, bidi=async_gen_only(limited_each_async))

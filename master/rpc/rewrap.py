@@ -16,13 +16,16 @@ def rewrap(
     handler: grpc.RpcMethodHandler,
     unary: Wrap | None = None,
     stream_in: Wrap | None = None,
+    bidi: Wrap | None = None,
 ) -> grpc.RpcMethodHandler:
-    """The handler with `unary` around a unary-request behaviour (unary_unary, unary_stream)
-    and `stream_in` around a stream-request one (stream_unary); other kinds as they are."""
+    """The handler with `unary` around a unary-request behaviour (unary_unary, unary_stream),
+    `stream_in` around a stream-request one (stream_unary) and `bidi` around a stream_stream
+    one; a kind without its wrap as it is."""
     kinds = (
         ("unary_unary", unary, grpc.unary_unary_rpc_method_handler),
         ("unary_stream", unary, grpc.unary_stream_rpc_method_handler),
         ("stream_unary", stream_in, grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", bidi, grpc.stream_stream_rpc_method_handler),
     )
     for attr, wrap, make in kinds:
         behavior = getattr(handler, attr)
@@ -62,6 +65,12 @@ class RewrapCache:
             # A dict assignment is atomic: racing first calls both build, one entry stays.
             self._cache[key] = (handler, wrapped)
         return wrapped
+
+
+def async_gen_only(async_wrap: Wrap) -> Wrap:
+    """A wrap for the aio server's async-generator behaviours (its answers on a bidirectional
+    stream); other behaviours as they are."""
+    return lambda b: async_wrap(b) if inspect.isasyncgenfunction(b) else b
 
 
 def by_kind(sync_wrap: Wrap, async_wrap: Wrap) -> Wrap:

@@ -257,10 +257,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return data_pb2.GetShardReply(status=status)
 
     def ShardStream(self, request_iterator, context):  # noqa: N802
-        """`GetShard` for each ask on the stream, answered in order; a domain error ends the
-        stream with its status (the node asks again on a new stream or a unary call)."""
-        for request in request_iterator:
-            yield self.GetShard(request, context)
+        """Refused here: on this thread-per-call server an open stream would hold a thread for
+        the node's whole life (the aio server answers asks on streams). Nodes then ask by
+        unary `GetShard` calls."""
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "shard asks on a stream are served by the aio server only; ask by GetShard",
+        )
 
     @_guard
     def ReportProgress(self, request, context):  # noqa: N802

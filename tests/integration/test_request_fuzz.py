@@ -258,3 +258,47 @@ def test_a_client_over_its_request_rate_is_told_to_slow_down(tmp_path):
         job.sharding.close()
         platform.shutdown(1)
         store.close()
+
+
+def test_each_ask_on_a_shard_stream_counts_against_the_clients_rate(tmp_path):
+    from master.rpc.aio_server import start_aio_server
+
+    spec = parse_job_spec(
+        {"name": "rate", "command": ["true"], "worker": {"replicas": 1}},
+        source="test",
+        base_dir=str(tmp_path),
+    )
+    store = SQLiteStateStore(":memory:")
+    platform = LocalPlatform()
+    job = JobMaster(spec, platform, store, JobRuntime(str(tmp_path), "", ""))
+    node = job.nodes.new_incarnation("worker", 0, 0, 0)
+    job.nodes.mark_running(node.id, platform.address_for("worker", 0), "")
+    server, port = start_aio_server(job, "127.0.0.1", 0, TOKEN, 8, 1000, requests_per_second=5)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = master_pb2_grpc.MasterStub(channel)
+        ref = common_pb2.NodeRef(type="worker", rank=0, id=node.id)
+        metadata = ((TOKEN_METADATA_KEY, TOKEN),)
+        stub.CreateDataset(
+            data_pb2.CreateDatasetRequest(
+                node=ref,
+                spec=data_pb2.DatasetSpec(
+                    name="d", size=10**6, batch_size=1, epochs=1, records_per_shard=10
+                ),
+            ),
+            metadata=metadata,
+        )
+        asks = (data_pb2.GetShardRequest(node=ref, dataset="d", request_id=i) for i in range(40))
+        answered = 0
+        with pytest.raises(grpc.RpcError) as e:
+            for reply in stub.ShardStream(asks, metadata=metadata, timeout=30):
+                assert reply.status == data_pb2.GetShardReply.SHARD
+                answered += 1
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert 1 <= answered <= 12  # the burst (twice the rate), not the 40 asked
+        channel.close()
+    finally:
+        server.stop(0).wait()
+        job.sharding.close()
+        platform.shutdown(1)
+        store.close()

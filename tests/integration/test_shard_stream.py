@@ -1,5 +1,7 @@
 """Shard asks as messages on a node's long-lived `ShardStream`: the same answers as `GetShard`,
-in order, on both servers; a domain error ends the stream with the status `GetShard` gives."""
+in order, on the aio server; a domain error ends the stream with the status `GetShard` gives.
+The sync server refuses the stream (it would hold a thread per node): nodes ask it by unary
+calls."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from .test_progress_stream import make_dataset
 
 METADATA = ((TOKEN_METADATA_KEY, TOKEN),)
 SHARD = data_pb2.GetShardReply.SHARD
+AIO = pytest.mark.parametrize("harness", ["aio"], indirect=True)
+SYNC = pytest.mark.parametrize("harness", ["sync"], indirect=True)
 
 
 class OpenStream:
@@ -43,6 +47,7 @@ def ask(harness, i: int, request_id: int, **fields) -> data_pb2.GetShardRequest:
     return data_pb2.GetShardRequest(node=ref, request_id=request_id, **fields)
 
 
+@AIO
 def test_asks_on_one_stream_are_answered_in_order_like_get_shard(harness):
     make_dataset(harness.client(0), size=300, per_shard=100)
     stream = OpenStream(harness.addr)
@@ -66,6 +71,7 @@ def test_asks_on_one_stream_are_answered_in_order_like_get_shard(harness):
         stream.close()
 
 
+@AIO
 def test_a_domain_error_ends_the_stream_with_get_shards_status(harness):
     make_dataset(harness.client(0))
     stale = ask(harness, 0, 3, dataset="d")
@@ -93,6 +99,7 @@ def test_a_domain_error_ends_the_stream_with_get_shards_status(harness):
         stream.close()
 
 
+@AIO
 def test_a_stream_without_the_job_token_is_refused(harness):
     make_dataset(harness.client(0))
     stream = OpenStream(harness.addr, metadata=((TOKEN_METADATA_KEY, "wrong"),))
@@ -100,5 +107,18 @@ def test_a_stream_without_the_job_token_is_refused(harness):
         with pytest.raises(grpc.RpcError) as e:
             stream.ask(ask(harness, 0, 1, dataset="d"))
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        stream.close()
+
+
+@SYNC
+def test_the_sync_server_refuses_the_stream_and_says_to_ask_by_get_shard(harness):
+    make_dataset(harness.client(0))
+    stream = OpenStream(harness.addr)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stream.ask(ask(harness, 0, 1, dataset="d"))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "aio server only" in e.value.details() and "GetShard" in e.value.details()
     finally:
         stream.close()
