@@ -446,9 +446,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--shard-asks",
         choices=("unary", "stream"),
-        default="unary",
-        help="unary: a GetShard call per shard (what MasterClient does); stream: each ask a "
-        "message on the node's long-lived ShardStream",
+        default="stream",
+        help="stream: each ask a message on the node's long-lived ShardStream (what "
+        "MasterClient does on the aio server); unary: a GetShard call per shard (on the sync "
+        "server, and what it did before 2026-11-28)",
     )
     p.add_argument(
         "--indices",
@@ -476,6 +477,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-rendezvous", action="store_true", help="skip the rendezvous part")
     p.add_argument("--json-only", action="store_true")
     args = p.parse_args(argv)
+    if args.server == "sync":
+        args.shard_asks = "unary"  # the sync server serves no ShardStream (MasterClient's fallback)
     try:
         args.nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:
