@@ -19,9 +19,9 @@ from collections.abc import Sequence
 EXIT_CANNOT_RUN = 127
 GUARD_MODULE = "master.platform.lifeline_guard"
 
-# Signals a signal_node() may send to the whole group that must not end the guard or the
-# sentinel before the command: they outlive them and let the command decide.
-_GUARD_SURVIVES = (
+# Signals a signal_node() (or a kubelet) may send that must not end a guard (or the sentinel)
+# before its command: it outlives them and lets the command decide.
+GUARD_SURVIVES = (
     signal.SIGTERM,
     signal.SIGINT,
     signal.SIGHUP,
@@ -53,7 +53,7 @@ def _guard_main(argv: Sequence[str]) -> None:
     if os.fork() == 0:
         _sentinel(lifeline)
     os.close(lifeline)
-    for sig in _GUARD_SURVIVES:
+    for sig in GUARD_SURVIVES:
         # A handler (unlike SIG_IGN) is reset to the default in the command by exec.
         signal.signal(sig, lambda signum, frame: None)
     try:
@@ -94,7 +94,7 @@ def read_exit_file(path: str) -> int | None:
 def _sentinel(lifeline: int) -> None:
     """Block until the actor's end of the lifeline closes, then SIGKILL the process group."""
     try:
-        for sig in _GUARD_SURVIVES:
+        for sig in GUARD_SURVIVES:
             signal.signal(sig, signal.SIG_IGN)
         while os.read(lifeline, 64):
             pass

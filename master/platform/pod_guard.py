@@ -26,21 +26,14 @@ from collections.abc import Mapping, Sequence
 from master.client.env import ENV_MASTER_WAIT, ENV_POSITION_FILE, read_master_wait
 from master.client.errors import MasterError
 from master.client.position import collect_positions
+from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_SURVIVES
 
 GUARD_MODULE = "master.platform.pod_guard"
-EXIT_CANNOT_RUN = 127  # COMMAND cannot be started at all (as a shell reports it)
+# The signals a kubelet or a user sends the container's first process are passed to COMMAND.
+FORWARDED = GUARD_SURVIVES
 # How long the guard keeps trying an unreachable master with the positions (a restarting
 # master pod takes seconds); the pod's end waits that long at most.
 REPORT_WAIT_SECONDS = 30.0
-# The signals a kubelet or a user sends the container's first process, passed to COMMAND.
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 _SHM = "/dev/shm"
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ and keep its ledgers consistent."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
 
@@ -15,6 +16,7 @@ from master.config import parse_job_spec
 from master.job.master import JobMaster, JobRuntime
 from master.pb import common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.platform.local import LocalPlatform
+from master.rpc.aio_server import start_aio_server
 from master.rpc.ratelimit import TokenBuckets
 from master.rpc.server import start_server
 from master.sharding.ledger import DatasetLedger
@@ -221,6 +223,27 @@ def test_oversized_message_is_refused_and_the_master_carries_on(master):
     assert stub.GetJobStatus(common_pb2.Empty(), metadata=metadata).name == "fuzz"
 
 
+@contextlib.contextmanager
+def rate_limited_master(tmp_path, start):
+    """A master served by `start` (a server starter) that allows 5 requests/s per client."""
+    spec = parse_job_spec(
+        {"name": "rate", "command": ["true"], "worker": {"replicas": 1}},
+        source="test",
+        base_dir=str(tmp_path),
+    )
+    store = SQLiteStateStore(":memory:")
+    platform = LocalPlatform()
+    job = JobMaster(spec, platform, store, JobRuntime(str(tmp_path), "", ""))
+    server, port = start(job, "127.0.0.1", 0, TOKEN, 8, 1000, requests_per_second=5)
+    try:
+        yield job, port
+    finally:
+        server.stop(0).wait()
+        job.sharding.close()
+        platform.shutdown(1)
+        store.close()
+
+
 def test_a_client_over_its_request_rate_is_told_to_slow_down(tmp_path):
     buckets = TokenBuckets(rate=10, burst=5, clock=lambda: 0.0)
     assert [buckets.take("peer") for _ in range(6)] == [True] * 5 + [False]
@@ -232,16 +255,7 @@ def test_a_client_over_its_request_rate_is_told_to_slow_down(tmp_path):
     assert not refill.take("p")
     now[0] = 0.1  # 10/s: one token back after 0.1 s
     assert refill.take("p") and not refill.take("p")
-    spec = parse_job_spec(
-        {"name": "rate", "command": ["true"], "worker": {"replicas": 1}},
-        source="test",
-        base_dir=str(tmp_path),
-    )
-    store = SQLiteStateStore(":memory:")
-    platform = LocalPlatform()
-    job = JobMaster(spec, platform, store, JobRuntime(str(tmp_path), "", ""))
-    server, port = start_server(job, "127.0.0.1", 0, TOKEN, 8, 1000, requests_per_second=5)
-    try:
+    with rate_limited_master(tmp_path, start_server) as (job, port):
         stub = master_pb2_grpc.MasterStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         metadata = ((TOKEN_METADATA_KEY, TOKEN),)
         codes = Counter()
@@ -253,28 +267,12 @@ def test_a_client_over_its_request_rate_is_told_to_slow_down(tmp_path):
                 codes[e.code()] += 1
         assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and codes[OK] >= 10
         assert set(codes) == {OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
-    finally:
-        server.stop(0).wait()
-        job.sharding.close()
-        platform.shutdown(1)
-        store.close()
 
 
 def test_each_ask_on_a_shard_stream_counts_against_the_clients_rate(tmp_path):
-    from master.rpc.aio_server import start_aio_server
-
-    spec = parse_job_spec(
-        {"name": "rate", "command": ["true"], "worker": {"replicas": 1}},
-        source="test",
-        base_dir=str(tmp_path),
-    )
-    store = SQLiteStateStore(":memory:")
-    platform = LocalPlatform()
-    job = JobMaster(spec, platform, store, JobRuntime(str(tmp_path), "", ""))
-    node = job.nodes.new_incarnation("worker", 0, 0, 0)
-    job.nodes.mark_running(node.id, platform.address_for("worker", 0), "")
-    server, port = start_aio_server(job, "127.0.0.1", 0, TOKEN, 8, 1000, requests_per_second=5)
-    try:
+    with rate_limited_master(tmp_path, start_aio_server) as (job, port):
+        node = job.nodes.new_incarnation("worker", 0, 0, 0)
+        job.nodes.mark_running(node.id, job.platform.address_for("worker", 0), "")
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = master_pb2_grpc.MasterStub(channel)
         ref = common_pb2.NodeRef(type="worker", rank=0, id=node.id)
@@ -297,8 +295,3 @@ def test_each_ask_on_a_shard_stream_counts_against_the_clients_rate(tmp_path):
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert 1 <= answered <= 12  # the burst (twice the rate), not the 40 asked
         channel.close()
-    finally:
-        server.stop(0).wait()
-        job.sharding.close()
-        platform.shutdown(1)
-        store.close()
