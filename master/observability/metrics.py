@@ -255,26 +255,25 @@ class RpcTimingInterceptor(grpc.ServerInterceptor):
         ok = self._histogram.labels(method, "OK")
 
         async def timed(requests: AsyncIterator, context: grpc.aio.ServicerContext):
-            arrived: list[float] = []
+            # The handler takes the next ask only once it answered this one: one in flight.
+            arrived = [0.0]  # when the ask in flight was taken; 0.0 when none is
 
             async def each() -> AsyncIterator:
                 async for request in requests:
                     counter.inc()
-                    arrived.append(time.perf_counter())
+                    arrived[0] = time.perf_counter()
                     yield request
 
             try:
                 async for reply in behavior(each(), context):
-                    if arrived:
-                        ok.observe(time.perf_counter() - arrived.pop(0))
+                    ok.observe(time.perf_counter() - arrived[0])
+                    arrived[0] = 0.0
                     yield reply
             except BaseException:  # the ask in flight failed (an abort ends the stream)
-                if arrived:
+                if arrived[0]:
                     code = _code_name(context, "UNKNOWN")
                     code = "UNKNOWN" if code == "OK" else code
-                    self._histogram.labels(method, code).observe(
-                        time.perf_counter() - arrived.pop(0)
-                    )
+                    self._histogram.labels(method, code).observe(time.perf_counter() - arrived[0])
                 raise
 
         return timed

@@ -29,8 +29,6 @@ from master.client.position import collect_positions
 from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_SURVIVES
 
 GUARD_MODULE = "master.platform.pod_guard"
-# The signals a kubelet or a user sends the container's first process are passed to COMMAND.
-FORWARDED = GUARD_SURVIVES
 # How long the guard keeps trying an unreachable master with the positions (a restarting
 # master pod takes seconds); the pod's end waits that long at most.
 REPORT_WAIT_SECONDS = 30.0
@@ -75,7 +73,8 @@ def report_positions(env: Mapping[str, str], positions: dict[str, list[tuple[int
 
 
 class _Forwarder:
-    """Passes the FORWARDED signals to COMMAND; those that come before it starts, once it has."""
+    """Passes the signals a kubelet or a user sends the container's first process
+    (GUARD_SURVIVES) to COMMAND; those that come before it starts, once it has."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
@@ -113,7 +112,7 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
     directory = position_dir()
     base = os.path.join(directory, "position")
     forward = _Forwarder()
-    for sig in FORWARDED:
+    for sig in GUARD_SURVIVES:
         # A handler (unlike SIG_IGN) is reset to the default in COMMAND by exec.
         signal.signal(sig, forward)
     try:
@@ -124,7 +123,7 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
         return EXIT_CANNOT_RUN
     forward.started(child)
     code = _wait_reaping(child)
-    for sig in FORWARDED:
+    for sig in GUARD_SURVIVES:
         signal.signal(sig, signal.SIG_IGN)  # the report is short; a second TERM must not cut it
     try:
         report_positions(env, collect_positions(base))

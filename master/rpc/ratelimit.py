@@ -74,14 +74,12 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
 
     def _build(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         buckets = self._buckets
+        too_fast = f"more than {buckets.rate:g} requests/s from this client; slow down"
 
         def limited(behavior: Callable) -> Callable:
             def call(request_or_iterator: object, context: grpc.ServicerContext) -> object:
                 if not buckets.take(context.peer()):
-                    context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"more than {buckets.rate:g} requests/s from this client; slow down",
-                    )
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, too_fast)
                 return behavior(request_or_iterator, context)
 
             return call
@@ -89,10 +87,7 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
         def limited_async(behavior: Callable) -> Callable:
             async def call(request_or_iterator: object, context: grpc.ServicerContext) -> object:
                 if not buckets.take(context.peer()):
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"more than {buckets.rate:g} requests/s from this client; slow down",
-                    )
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, too_fast)
                 return await behavior(request_or_iterator, context)
 
             return call
@@ -103,11 +98,7 @@ class RateLimitInterceptor(grpc.ServerInterceptor):
                 async def each() -> AsyncIterator:
                     async for request in requests:
                         if not buckets.take(context.peer()):
-                            await context.abort(
-                                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"more than {buckets.rate:g} requests/s from this client; "
-                                "slow down",
-                            )
+                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, too_fast)
                         yield request
 
                 async for reply in behavior(each(), context):
