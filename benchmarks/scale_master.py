@@ -116,6 +116,7 @@ def master_main(
     from master.observability.endpoint import Observability
     from master.rpc.aio_server import start_aio_server
     from master.rpc.server import start_server
+    from master.rpc.serving_gc import serving_gc
     from master.state.sqlite import SQLiteStateStore
 
     detected: list[tuple[int, float]] = []
@@ -155,63 +156,64 @@ def master_main(
         interceptors=observability.interceptors(),
     )
     runtime.master_addr = f"127.0.0.1:{port}"
-    runner = threading.Thread(target=job.run, name="job", daemon=True)
-    runner.start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:  # every node launched (marked running)
-        current = job.nodes.all_current()
-        if len(current) == workers + ps and all(n.state.value == "running" for n in current):
-            break
-        time.sleep(0.05)
-    nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
-    conn.send(("ready", port, token, nodes))
-    me = psutil.Process()
-    peak = [0.0]
-    lags = array("d")
-    if server_kind == "aio":
-        watch_loop_lag(server.loop, lags)
-
-    def sample_rss() -> None:
-        while runner.is_alive():
-            peak[0] = max(peak[0], me.memory_info().rss / 2**20)
-            time.sleep(0.1)
-
-    threading.Thread(target=sample_rss, name="rss", daemon=True).start()
-    try:
-        while True:
-            try:
-                request = conn.recv()
-            except (EOFError, OSError):
+    with serving_gc():  # as `dlrover submit` runs the job
+        runner = threading.Thread(target=job.run, name="job", daemon=True)
+        runner.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:  # every node launched (marked running)
+            current = job.nodes.all_current()
+            if len(current) == workers + ps and all(n.state.value == "running" for n in current):
                 break
-            if request == "cpu":
-                t = os.times()
-                rss = me.memory_info().rss / 2**20
-                peak[0] = max(peak[0], rss)
-                conn.send(
-                    (
-                        "cpu",
-                        t.user + t.system,
-                        time.monotonic(),
-                        rss,
-                        peak[0],
-                        me.num_threads(),
-                        thread_cpu(me),
-                        len(lags),
-                        handler_seconds(observability.metrics.rpc_seconds),
+            time.sleep(0.05)
+        nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
+        conn.send(("ready", port, token, nodes))
+        me = psutil.Process()
+        peak = [0.0]
+        lags = array("d")
+        if server_kind == "aio":
+            watch_loop_lag(server.loop, lags)
+
+        def sample_rss() -> None:
+            while runner.is_alive():
+                peak[0] = max(peak[0], me.memory_info().rss / 2**20)
+                time.sleep(0.1)
+
+        threading.Thread(target=sample_rss, name="rss", daemon=True).start()
+        try:
+            while True:
+                try:
+                    request = conn.recv()
+                except (EOFError, OSError):
+                    break
+                if request == "cpu":
+                    t = os.times()
+                    rss = me.memory_info().rss / 2**20
+                    peak[0] = max(peak[0], rss)
+                    conn.send(
+                        (
+                            "cpu",
+                            t.user + t.system,
+                            time.monotonic(),
+                            rss,
+                            peak[0],
+                            me.num_threads(),
+                            thread_cpu(me),
+                            len(lags),
+                            handler_seconds(observability.metrics.rpc_seconds),
+                        )
                     )
-                )
-            elif request == "lags":
-                conn.send(("lags", lags.tobytes()))
-            elif request == "detected":
-                conn.send(("detected", list(detected)))
-            else:
-                break
-    finally:
-        job.request_stop("benchmark done")
-        runner.join(10)
-        server.stop(grace=0).wait()
-        observability.stop()
-        store.close()
+                elif request == "lags":
+                    conn.send(("lags", lags.tobytes()))
+                elif request == "detected":
+                    conn.send(("detected", list(detected)))
+                else:
+                    break
+        finally:
+            job.request_stop("benchmark done")
+            runner.join(10)
+            server.stop(grace=0).wait()
+            observability.stop()
+            store.close()
 
 
 def serve_rendezvous(conn, state_path: str) -> None:

@@ -29,6 +29,7 @@ from master.observability.endpoint import Observability
 from master.platform.factory import create_platform
 from master.rpc.aio_server import start_aio_server
 from master.rpc.server import advertised_host, job_status_pb, start_server
+from master.rpc.serving_gc import serving_gc
 from master.state.factory import open_state_store
 
 log = logging.getLogger(__name__)
@@ -362,7 +363,8 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     if printer:
         printer.start(job)
     try:
-        job.run(resume=opts.resume)
+        with serving_gc():
+            job.run(resume=opts.resume)
     finally:
         if printer:
             printer.stop()
