@@ -4,7 +4,8 @@ A real master runs in its own process, as `dlrover submit` runs it (a JobMaster 
 loop, a SQLite state store, the token check, the per-connection rate limit, the RPC timing
 interceptor, `rpc_threads` server threads) on a simulated platform that launches nothing. N
 worker nodes and N/50 PS nodes are simulated over real gRPC on loopback by asyncio clients
-spread over a few processes, each node with its own connection:
+spread over a few processes (each collecting garbage as the master does, `serving_gc`), each
+node with its own connection:
 
 - every node registers, then heartbeats at 1 Hz (resource stats, as HeartbeatThread sends);
 - every worker takes shards (`GetShard`, the next one asked for a step ahead, as a prefetching
