@@ -222,6 +222,11 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         # Per method, the mean time its handlers took (accepted to answered) in the window.
         "handler_mean_ms": _handler_means(own0[8], own1[8]),
         # How late the aio server's loop ran a ready callback (a 10 ms sleep's wake-up).
+        # The garbage collector's pauses in the window, per generation (2: a full scan).
+        "master_gc": [
+            {"collections": after[0] - before[0], "longest_ms": round(after[1] * 1000, 1)}
+            for before, after in zip(own0[9], own1[9], strict=True)
+        ],
         "loop_lag_ms": {
             q: round(percentile(lags, p) * 1000, 1) for q, p in (("p50", 50), ("p99", 99))
         }
@@ -388,6 +393,11 @@ def print_table(sweep: list[dict], rdzv: dict | None, args) -> None:
         lag = r["loop_lag_ms"]
         shown = f"; loop lag p50 {lag['p50']} ms, p99 {lag['p99']} ms" if lag else ""
         w(f"N={r['nodes']}: master cores per thread: {threads}{shown}\n")
+        pauses = ", ".join(
+            f"gen {g}: {p['collections']} (longest {p['longest_ms']} ms)"
+            for g, p in enumerate(r["master_gc"])
+        )
+        w(f"N={r['nodes']}: the master's garbage collections in the window: {pauses}\n")
         means = ", ".join(f"{k} {v} ms" for k, v in r["handler_mean_ms"].items())
         w(f"N={r['nodes']}: handler mean (accepted to answered): {means}\n")
     w(

@@ -104,7 +104,8 @@ def master_main(
 
     Requests: "cpu" -> (CPU seconds of this process, monotonic time, RSS MB, peak RSS MB,
     threads, CPU seconds per thread group, loop-lag samples so far, handler (calls, seconds)
-    per method); "lags" -> the aio server's loop-lag samples (seconds, array "d" bytes);
+    per method, per collector generation (collections so far, longest pause since the last
+    request)); "lags" -> the aio server's loop-lag samples (seconds, array "d" bytes);
     "detected" -> [(node id, monotonic time of its heartbeat_lost event)]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="[master] %(levelname)s %(message)s")
@@ -167,6 +168,7 @@ def master_main(
             time.sleep(0.05)
         nodes = [(n.type, n.rank, n.id) for n in job.nodes.all_current()]
         conn.send(("ready", port, token, nodes))
+        observability.gc_pauses.start()  # what Observability.start() starts in `dlrover submit`
         me = psutil.Process()
         peak = [0.0]
         lags = array("d")
@@ -200,6 +202,7 @@ def master_main(
                             thread_cpu(me),
                             len(lags),
                             handler_seconds(observability.metrics.rpc_seconds),
+                            observability.gc_pauses.take_worst(),
                         )
                     )
                 elif request == "lags":

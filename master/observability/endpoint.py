@@ -1,6 +1,7 @@
 """One job master's observability, started and stopped together: time series, Prometheus
-metrics (with RPC timing for the gRPC server) and the HTTP(S) server of /metrics and the
-dashboard, which asks for the job's dashboard token (master.observability.dashboard.auth)."""
+metrics (with RPC timing for the gRPC server, the garbage collector's pauses) and the HTTP(S)
+server of /metrics and the dashboard, which asks for the job's dashboard token
+(master.observability.dashboard.auth)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from master.client.tls import ServerTLS
 from master.job.master import JobMaster
 from master.observability.dashboard.auth import load_or_create_token, token_path
 from master.observability.dashboard.server import ObservabilityServer
+from master.observability.gc_pauses import GcPauses
 from master.observability.metrics import JobMetrics
 from master.observability.telemetry import JobTelemetry
 
@@ -27,6 +29,8 @@ class Observability:
         self.job = job
         self.telemetry = JobTelemetry(job)
         self.metrics = JobMetrics(job, self.telemetry)
+        self.gc_pauses = GcPauses()
+        self.metrics.registry.register(self.gc_pauses)
         run_dir = job.runtime.run_dir
         self.token = load_or_create_token(run_dir) if run_dir else secrets.token_urlsafe(32)
         self.token_file = token_path(run_dir) if run_dir else ""
@@ -45,11 +49,13 @@ class Observability:
         The URL carries no token."""
         port = self.server.start()
         self.telemetry.start()
+        self.gc_pauses.start()
         self.url = f"{self.server.scheme}://{advertised_host}:{port}/"
         self.job.runtime.dashboard_url = self.url
         return self.url
 
     def stop(self) -> None:
         """Take the last sample and stop serving."""
+        self.gc_pauses.stop()
         self.telemetry.stop()
         self.server.stop()

@@ -4,6 +4,7 @@ once with ?token= (cookie, redirect without the token), HTTPS under --tls, no to
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import logging
@@ -73,6 +74,11 @@ def test_a_bearer_token_reads_metrics_and_status(dashboard):
     obs = dashboard()
     metrics = get(obs, "/metrics", bearer(obs))
     assert metrics.status == 200 and b"dlrover_job_state" in metrics.body
+    gc.collect()  # a started endpoint times the master's collections
+    scanned = get(obs, "/metrics", bearer(obs)).body
+    full = b'dlrover_gc_pause_seconds_count{generation="2"} '
+    assert full in scanned
+    assert float(scanned.split(full)[1].split(b"\n")[0]) >= 1
     status = get(obs, "/api/status", bearer(obs))
     assert status.status == 200 and json.loads(status.body)["name"] == "harness"
     assert get(obs, "/nowhere", bearer(obs)).status == 404
