@@ -221,12 +221,12 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "master_thread_cores": _thread_cores(own0[6], own1[6], wall),
         # Per method, the mean time its handlers took (accepted to answered) in the window.
         "handler_mean_ms": _handler_means(own0[8], own1[8]),
-        # How late the aio server's loop ran a ready callback (a 10 ms sleep's wake-up).
         # The garbage collector's pauses in the window, per generation (2: a full scan).
         "master_gc": [
             {"collections": after[0] - before[0], "longest_ms": round(after[1] * 1000, 1)}
             for before, after in zip(own0[9], own1[9], strict=True)
         ],
+        # How late the aio server's loop ran a ready callback (a 10 ms sleep's wake-up).
         "loop_lag_ms": {
             q: round(percentile(lags, p) * 1000, 1) for q, p in (("p50", 50), ("p99", 99))
         }
