@@ -80,6 +80,8 @@ OTHER_LOAD_WARN_PCT = 20.0  # foreign CPU use (100 = one core) that makes a run 
 
 log = logging.getLogger("bench.sharding")
 
+# This checkout's code, also where the environment's editable install points at another one.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import anchors  # noqa: E402
 from anchor_sharding import DLRoverPhase, DLRoverShardPhases  # noqa: E402
