@@ -1,0 +1,69 @@
+"""benchmarks/sharding.py judges the CPU ratio to the echo by the median of alternated pairs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_sharding", os.path.join(ROOT, "benchmarks", "sharding.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
+    path = list(sys.path)  # the script puts its checkout and benchmarks/ first
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path[:] = path
+        del sys.modules[spec.name]
+
+
+def _figures(bench, cpu_us: float, rate: float = 1000.0):
+    return bench.Figures(
+        round_trips_per_s=rate,
+        p50_ms=1.0,
+        p99_ms=2.0,
+        count=int(rate),
+        server_cpu_us=cpu_us,
+        client_cpu_us=300.0,
+        other_cpu_pct=0.0,
+        drain_ms=0.0,
+    )
+
+
+def test_the_judged_pair_is_the_median_ratio_and_every_ratio_is_kept(bench):
+    # Master/echo CPU per round trip of three pairs: ratios 3.0, 1.2, 2.0 (median 2.0).
+    masters = [_figures(bench, 150.0, 900.0), _figures(bench, 60.0, 1100.0), _figures(bench, 100.0)]
+    echoes = [_figures(bench, 50.0), _figures(bench, 50.0), _figures(bench, 50.0, 1500.0)]
+    measured = {64: {("master", "coalesced"): masters, ("echo", "coalesced"): echoes}}
+
+    doc = bench.build_results(measured, 1, ["coalesced"])
+
+    top = doc["results"][0]
+    assert top["coalesced_cpu_ratio_to_echo"] == 2.0
+    assert top["coalesced_cpu_ratios_to_echo"] == [3.0, 1.2, 2.0]
+    assert top["coalesced"]["server_cpu_us_per_rt"] == 100.0  # the median pair's own figures
+    assert top["echo_coalesced"]["round_trips_per_s"] == 1500.0
+    assert doc["coalesced_cpu_within_1_5x_echo_64"] is False
+
+
+def test_an_even_count_judges_the_lower_middle_pair(bench):
+    masters = [_figures(bench, c) for c in (70.0, 90.0, 80.0, 100.0)]
+    echoes = [_figures(bench, 50.0) for _ in masters]
+    ours, echo = bench.median_pair(list(zip(masters, echoes, strict=True)))
+    assert (ours.server_cpu_us, echo.server_cpu_us) == (80.0, 50.0)
+
+
+def test_pairs_below_one_are_refused_with_the_flag_named(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--pairs", "0"])
+    assert "--pairs must be >= 1, got 0" in capsys.readouterr().err
