@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from master.config import NODE_TYPES
 from master.job.events import JobEvent
 from master.nodes.model import NodeState
-from master.rpc.rewrap import RewrapCache, async_gen_only, by_kind, rewrap
+from master.rpc.rewrap import RewrappingInterceptor, async_gen_only, by_kind, rewrap
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -215,37 +215,23 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-class RpcTimingInterceptor(grpc.ServerInterceptor):
+class RpcTimingInterceptor(RewrappingInterceptor):
     """Wraps each RPC handler so unary calls are timed and stream messages counted."""
 
     def __init__(self, histogram: Histogram, stream_messages: Counter) -> None:
+        super().__init__()
         self._histogram = histogram
         self._stream_messages = stream_messages
-        self._wrapped = RewrapCache()
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return handler
-        full = handler_call_details.method
-        method = full.rsplit("/", 1)[-1]
-        return self._wrapped.get(
-            full,
+    def rewrap_handler(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        name = method.rsplit("/", 1)[-1]
+        return rewrap(
             handler,
-            lambda h: rewrap(
-                h,
-                unary=by_kind(
-                    lambda b: self._timed(b, method), lambda b: self._timed_async(b, method)
-                ),
-                stream_in=by_kind(
-                    lambda b: self._counted(b, method), lambda b: self._counted_async(b, method)
-                ),
-                bidi=async_gen_only(lambda b: self._timed_each_async(b, method)),
+            unary=by_kind(lambda b: self._timed(b, name), lambda b: self._timed_async(b, name)),
+            stream_in=by_kind(
+                lambda b: self._counted(b, name), lambda b: self._counted_async(b, name)
             ),
+            bidi=async_gen_only(lambda b: self._timed_each_async(b, name)),
         )
 
     def _timed_each_async(self, behavior: Callable, method: str) -> Callable:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from master.rpc.rewrap import RewrapCache, async_gen_only, by_kind, rewrap
+from master.rpc.rewrap import RewrappingInterceptor, async_gen_only, by_kind, rewrap
 
 # A node makes a few calls a second (heartbeat, shard asks); its step reports ride one stream.
 DEFAULT_RATE_PER_SECOND = 500.0
@@ -54,25 +54,15 @@ class TokenBuckets:
             del self._buckets[k]
 
 
-class RateLimitInterceptor(grpc.ServerInterceptor):
+class RateLimitInterceptor(RewrappingInterceptor):
     """Answers RESOURCE_EXHAUSTED to a client connection that calls faster than its bucket
     allows (a node keeps one connection to the master, so this is a per-node budget)."""
 
     def __init__(self, buckets: TokenBuckets) -> None:
+        super().__init__()
         self._buckets = buckets
-        self._wrapped = RewrapCache()
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return handler
-        return self._wrapped.get(handler_call_details.method, handler, self._build)
-
-    def _build(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def rewrap_handler(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         buckets = self._buckets
         too_fast = f"more than {buckets.rate:g} requests/s from this client; slow down"
 

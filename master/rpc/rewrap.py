@@ -67,6 +67,29 @@ class RewrapCache:
         return wrapped
 
 
+class RewrappingInterceptor(grpc.ServerInterceptor):
+    """A server interceptor that wraps each method's handler once (`rewrap_handler`, given the
+    full method name) and then serves the wrapped handler from a `RewrapCache`."""
+
+    def __init__(self) -> None:
+        self._wrapped = RewrapCache()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        return self._wrapped.get(method, handler, lambda h: self.rewrap_handler(method, h))
+
+    def rewrap_handler(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The handler of `method` with this interceptor's wraps around its behaviour."""
+        raise NotImplementedError
+
+
 def async_gen_only(async_wrap: Wrap) -> Wrap:
     """A wrap for the aio server's async-generator behaviours (its answers on a bidirectional
     stream); other behaviours as they are."""
