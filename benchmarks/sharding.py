@@ -30,7 +30,8 @@ Where the anchors environment exists (`make anchors`), DLRover 0.6.1's master is
 same run with its own client, as many clients, one shard taken and reported per round trip
 (benchmarks/anchor_sharding.py); no figure of it is ever written here.
 
-    python benchmarks/sharding.py [--clients 1,16,64] [--seconds 5] [--steps-per-shard 1] [--pairs 1]
+    python benchmarks/sharding.py [--clients 1,16,64] [--seconds 5] [--steps-per-shard 1]
+                                  [--pairs 1]
 
 Prints a table, then one JSON line with every figure.
 """
