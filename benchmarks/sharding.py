@@ -639,11 +639,11 @@ def _figures(f: Figures) -> dict:
 
 
 def median_pair(pairs: list[tuple[Figures, Figures]]) -> tuple[Figures, Figures]:
-    """The (master, echo) pair whose CPU ratio is the median (the lower middle of an even
-    count): the machine's speed drifts between minutes, and a pair is measured minutes apart
-    from the next."""
+    """The (master, echo) pair whose CPU ratio is the median (the upper middle of an even
+    count, the less flattering one): the machine's speed drifts between minutes, and a pair is
+    measured minutes apart from the next."""
     ranked = sorted(pairs, key=lambda p: p[0].server_cpu_us / max(p[1].server_cpu_us, 1e-9))
-    return ranked[(len(ranked) - 1) // 2]
+    return ranked[len(ranked) // 2]
 
 
 def build_results(
