@@ -14,15 +14,18 @@ from master.rpc.serving_gc import YOUNG_THRESHOLD
 
 
 def test_a_submitted_job_runs_with_the_serving_collector_and_ends_with_the_old_one(tmp_path):
-    started = tmp_path / "started"
+    started, checked = tmp_path / "started", tmp_path / "checked"
+    # A trainer that says it runs, then lives until the check below is done (at most 60 s).
+    trainer = (
+        "import pathlib, time\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not pathlib.Path({str(checked)!r}).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+    )
     job = {
         "name": "gc-settings",
-        # A trainer that says it runs, then lives long enough for the check below.
-        "command": [
-            sys.executable,
-            "-c",
-            f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(2)",
-        ],
+        "command": [sys.executable, "-c", trainer],
         "worker": {"replicas": 1},
     }
     spec = parse_job_spec(job, source="test", base_dir=str(tmp_path))
@@ -35,6 +38,7 @@ def test_a_submitted_job_runs_with_the_serving_collector_and_ends_with_the_old_o
             time.sleep(0.02)
         seen["threshold"] = gc.get_threshold()
         seen["frozen"] = gc.get_freeze_count()
+        checked.touch()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
