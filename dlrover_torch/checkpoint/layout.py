@@ -70,12 +70,6 @@ class Layout:
     # The objects each extent came from (only on the saving side; never serialised).
     sources: list[Any] = field(default_factory=list, repr=False, compare=False)
 
-    def same_extents(self, other: Layout | None) -> bool:
-        """True when ``other`` places the same tensors at the same offsets."""
-        return other is not None and [e.to_json() for e in self.extents] == [
-            e.to_json() for e in other.extents
-        ]
-
 
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""

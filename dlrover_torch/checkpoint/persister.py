@@ -296,10 +296,3 @@ def _write_dcp_metadata(directory: str, manifests: dict[int, dict[str, Any]]) ->
     path = os.path.join(directory, ".metadata")
     storage.write_durable(path, [pickle.dumps(meta)])
     storage.fsync_dir(directory)
-
-
-def describe_failure(result: PersistResult) -> CheckpointError:
-    """The error a worker raises for a failed persist."""
-    return CheckpointError(
-        f"persisting checkpoint step {result.step} (rank {result.rank}) failed: {result.error}"
-    )

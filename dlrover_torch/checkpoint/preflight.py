@@ -5,22 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 
 from dlrover_torch.checkpoint.errors import CapacityError
 from dlrover_torch.checkpoint.shm import SHM_DIR, fmt_bytes, shm_free_bytes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PreflightReport:
-    """What a checkpoint of this size needs and what is available."""
-
-    shm_needed: int
-    shm_free: int
-    disk_needed: int
-    disk_free: int
 
 
 def check_shm(needed: int, already_reserved: int = 0, directory: str = SHM_DIR) -> int:

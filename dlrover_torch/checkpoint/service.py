@@ -110,11 +110,6 @@ class PersistService:
             log.log(logging.INFO if r.ok else logging.ERROR, "persist latest: %s", r.to_json())
         return results
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no persist is queued or running."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._busy == 0, timeout)
-
     def wait_abandoned(self, parent: int | None = None) -> None:
         """Block until every client has gone and no work is left (standalone mode's exit);
         without a first client, until the process that started this one (`parent`, default:
