@@ -86,10 +86,6 @@ class MasterActor:
         except Exception as e:
             log.debug("master actor: ending itself: %s", e)
 
-    def was_restarted(self) -> bool:
-        """True in an instance Ray restarted after the previous one died."""
-        return self.restarted
-
     def wait(self, timeout: float) -> int | None:
         """The master's exit code once the job has ended; None while it runs."""
         self._done.wait(timeout)
