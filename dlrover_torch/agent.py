@@ -124,11 +124,6 @@ class DLRoverElasticAgent(LocalElasticAgent):
 
     # -- public -----------------------------------------------------------
 
-    @property
-    def remaining_restarts(self) -> int:
-        """Restarts left before the agent gives up (membership changes do not spend them)."""
-        return self._remaining_restarts
-
     def global_step(self) -> int:
         """The highest step the local workers reported (0 when they report none)."""
         return max(self._hang.last_steps().values(), default=0)
