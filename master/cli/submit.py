@@ -224,7 +224,7 @@ def _diagnosis_fields(node: Node) -> dict:
     cause = node.stop_cause
     if cause and node.exit_reason == ExitReason.STOPPED:
         return {"note": f"stopped: {cause}"}
-    diagnosis = node.extra.get("diagnosis")
+    diagnosis = node.diagnosis
     if diagnosis is None or node.state.value != "failed":
         return {}
     return {"diagnosis": diagnosis.summary, "excerpt": diagnosis.excerpt}

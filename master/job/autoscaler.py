@@ -245,9 +245,7 @@ class Autoscaler:
                     cpu_percent=cpu_percent,
                     cpu_cores=n.cpu or job.spec.ps.cpu,
                     memory_rss_mb=rss / 2**20,
-                    memory_limit_mb=float(
-                        n.memory_mb or n.extra.get("memory_limit_bytes", 0) / 2**20
-                    ),
+                    memory_limit_mb=float(n.memory_mb or n.memory_limit_bytes / 2**20),
                 )
             )
         replicas = job.replicas

@@ -6,8 +6,8 @@ job's `checkpoint_overhead` (a fraction of the training time) says how much chec
 cost, and the interval is the shortest that keeps within it, from the chief's measured save
 time (`CHECKPOINT_COST_KEY`) and the job's step rate. The chief follows the interval the master
 writes under `CHECKPOINT_INTERVAL_KEY` (dlrover_tf.elastic_saver) when it is shorter than the
-job's own (the master only makes checkpoints more frequent). `CheckpointIntervalMixin`
-is the part of `JobMaster` that measures and sets it.
+job's own (the master only makes checkpoints more frequent). `CheckpointIntervalTuner` is the
+part of the job that measures and sets it.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from master.client import CHECKPOINT_COST_KEY, CHECKPOINT_INTERVAL_KEY
-
-if TYPE_CHECKING:
-    from master.config import JobSpec
-    from master.kv.store import KVStore
+from master.job.events import Emit
+from master.kv.store import KVStore
 
 MIN_INTERVAL_STEPS = 20
 MAX_INTERVAL_STEPS = 1_000_000
@@ -67,41 +63,40 @@ def worth_changing(current: int | None, proposed: int) -> bool:
     return current is None or abs(proposed - current) > CHANGE_THRESHOLD * current
 
 
-class CheckpointIntervalMixin:
-    """The part of `JobMaster` that sets the chief's checkpoint interval."""
+class CheckpointIntervalTuner:
+    """Sets the chief's checkpoint interval from its save cost and the job's step rate."""
 
-    spec: JobSpec
-    kv: KVStore
-    global_step: int
-    _emit: Callable[..., Any]
-    _interval_state: dict[str, Any]
+    def __init__(self, overhead: float, kv: KVStore, emit: Emit) -> None:
+        self._overhead = overhead  # the job's checkpoint_overhead (0: off)
+        self._kv = kv
+        self._emit = emit
+        self._next_at = 0.0  # monotonic time of the next look
+        self._sample: tuple[float, int] | None = None  # (monotonic time, global step)
+        self._steps: int | None = None  # the interval told to the chief
+        self._costs: list[bytes] = []  # the latest save costs the chief reported
 
-    def _init_checkpoint_interval(self) -> None:
-        self._interval_state = {"next": 0.0, "sample": None, "steps": None, "costs": []}
-
-    def _tune_checkpoint_interval(self) -> None:
+    def tick(self, global_step: int) -> None:
         """Control loop: every few seconds, from the latest save cost and the step rate."""
-        if self.spec.checkpoint_overhead <= 0:
+        if self._overhead <= 0:
             return
-        state = self._interval_state
         now = time.monotonic()
-        if now < state["next"]:
+        if now < self._next_at:
             return
-        state["next"] = now + TUNE_EVERY_SECONDS
-        sample, state["sample"] = state["sample"], (now, self.global_step)
-        if sample is None or self.global_step <= sample[1]:
+        self._next_at = now + TUNE_EVERY_SECONDS
+        sample, self._sample = self._sample, (now, global_step)
+        if sample is None or global_step <= sample[1]:
             return
-        rate = (self.global_step - sample[1]) / (now - sample[0])
-        raw = self.kv.get(CHECKPOINT_COST_KEY, 0)
-        costs = state["costs"]
+        rate = (global_step - sample[1]) / (now - sample[0])
+        raw = self._kv.get(CHECKPOINT_COST_KEY, 0)
+        costs = self._costs
         if raw and (not costs or costs[-1] != raw):
             costs[:] = [*costs[-(COSTS_KEPT - 1) :], raw]
         cost = statistics.median(float(c) for c in costs) if costs else 0.0
-        choice = interval_steps(cost, rate, self.spec.checkpoint_overhead)
-        if choice is None or not worth_changing(state["steps"], choice.steps):
+        choice = interval_steps(cost, rate, self._overhead)
+        if choice is None or not worth_changing(self._steps, choice.steps):
             return
-        state["steps"] = choice.steps
-        self.kv.set(CHECKPOINT_INTERVAL_KEY, str(choice.steps).encode())
+        self._steps = choice.steps
+        self._kv.set(CHECKPOINT_INTERVAL_KEY, str(choice.steps).encode())
         self._emit(
             "checkpoint_interval",
             f"checkpoint every {choice.steps} steps: a save takes "

@@ -7,15 +7,21 @@ master (plain TF servers in `server.join()`) after SERVER_SETTLE_SECONDS, traine
 hooks after they finish (at most `evaluator_grace_seconds`, or SERVER_SETTLE_SECONDS once every
 dataset is done: nothing is left for them to train), the PS once no trainer of ours still
 trains, evaluators after their grace for a final evaluation. The job has succeeded once none
-of its nodes runs."""
+of its nodes runs. `decide_completion` decides (pure); `Completion` applies it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from master.config import JobSpec
+from master.job.events import Emit
+from master.job.lifecycle import NodeLifecycle
+from master.nodes.manager import NodeManager
 from master.nodes.model import TRAINING_TYPES, Node, NodeState
 from master.nodes.policy import JobOutcome, training_finished
+from master.sharding.service import ShardingService
 
 ALL_WORKERS_REASON = "chief and workers finished"
 # Why the master stops the nodes still running once the job has succeeded.
@@ -98,3 +104,69 @@ def decide_completion(
     if live:
         return CompletionDecision(training_done, tuple(stop))
     return CompletionDecision(training_done, succeeded=True)
+
+
+class Completion:
+    """Watches for the job's success and stops the nodes left; owns when training ended."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        nodes: NodeManager,
+        sharding: ShardingService,
+        lifecycle: NodeLifecycle,
+        replicas: Callable[[], Mapping[str, int]],
+        emit: Emit,
+        save: Callable[[], None],
+        on_training_done: Callable[[], None],
+        succeed: Callable[[str], None],
+    ) -> None:
+        self._spec = spec
+        self._nodes = nodes
+        self._sharding = sharding
+        self._lifecycle = lifecycle
+        self._replicas = replicas
+        self._emit = emit
+        self._save = save  # writes the runtime record (which holds `training_done`)
+        self._on_training_done = on_training_done
+        self._succeed = succeed  # the job has succeeded, with this reason
+        self.training_done_at: float | None = None  # monotonic time training finished
+
+    @property
+    def training_done(self) -> bool:
+        return self.training_done_at is not None
+
+    def restore(self, training_done: bool) -> None:
+        """A restarted master: training had finished under the previous instance."""
+        if training_done:
+            self.training_done_at = time.monotonic()
+
+    def check(self) -> None:
+        """Control loop: the next step towards the job's end (see decide_completion)."""
+        now = time.monotonic()
+        replicas = self._replicas()
+        policy = self._spec.success_policy
+        decision = decide_completion(
+            self._nodes.all_current(),
+            replicas,
+            self.training_done_at,
+            now,
+            self._spec.evaluator_grace_seconds,
+            policy,
+            data_done=self.training_done and self._data_done(),
+        )
+        reason = success_reason(policy, replicas)
+        if decision.training_done:
+            self.training_done_at = now
+            self._save()
+            self._emit("training_done", reason)
+            self._on_training_done()
+        for node in decision.stop:
+            self._lifecycle.stop(node, JOB_DONE)
+        if decision.succeeded:
+            self._succeed(reason)
+
+    def _data_done(self) -> bool:
+        """The job has datasets and every one is finished."""
+        stats = self._sharding.stats()
+        return bool(stats) and all(s.finished for s in stats)

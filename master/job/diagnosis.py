@@ -12,9 +12,8 @@ from __future__ import annotations
 import bisect
 import re
 import signal
-from dataclasses import dataclass
 
-from master.nodes.model import ExitReason
+from master.nodes.model import Diagnosis, ExitReason
 from master.nodes.policy import classify_exit
 
 EXCERPT_MAX_LINES = 15
@@ -48,17 +47,6 @@ _EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$"
 )
 _TRACEBACK_START = re.compile(r'^(Traceback \(most recent call last\):|\s*File ".*", line \d+)')
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The classified cause of a node's end, the log excerpt that shows it, and whether a
-    relaunch could help (`deterministic`: the same code would fail the same way)."""
-
-    reason: ExitReason
-    summary: str
-    excerpt: str = ""
-    deterministic: bool = False
 
 
 def exception_excerpt(log_tail: str) -> str:

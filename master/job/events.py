@@ -8,7 +8,10 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from master.nodes.model import Node
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +22,14 @@ ROUTINE_KINDS = frozenset({"node_running", "node_exited", "checkpoint"})
 INCIDENT_KINDS = frozenset(
     {"fault", "node_failed", "heartbeat_lost", "hang", "straggler", "diagnosis", "stuck"}
 )
+
+
+class Emit(Protocol):
+    """The port every part of the job records its events through (JobMaster.emit)."""
+
+    def __call__(
+        self, kind: str, message: str, node: Node | None = None, reason: str = "", **details: Any
+    ) -> JobEvent: ...
 
 
 @dataclass

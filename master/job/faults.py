@@ -1,7 +1,7 @@
 """Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN` on `dlrover submit`.
 
 `parse_fault` reads a `--kill` value, `faults_due` says which faults fire now (pure), and
-`FaultInjectionMixin` is the part of `JobMaster` that fires them."""
+`FaultInjector` is the part of the job that fires them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import signal
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from master.config import NODE_TYPES
+from master.job.events import Emit
 from master.job.model import STOP_GRACE_SECONDS
 from master.nodes.model import TRAINING_TYPES, Node, NodeState
 
@@ -152,48 +153,70 @@ def unfired_message(fault: Fault, reports_progress: bool) -> str:
     return message
 
 
-class FaultInjectionMixin:
-    """The part of `JobMaster` that fires the faults given at submit from its control loop."""
+@dataclass(frozen=True)
+class JobProgress:
+    """Where the job is, as the faults' triggers read it."""
 
-    nodes: NodeManager
-    platform: Platform
-    sharding: ShardingService
+    percent_done: float  # of all records of all datasets, epochs included
+    seconds: float  # since the job started
     global_step: int
-    _faults: list[Fault]
-    _fired_faults: list[int]
-    _faults_waiting: dict[int, float]  # target a due fault waits on -> when it began waiting
-    _kept_datasets: set[str]  # datasets whose shards are kept for that target
-    _coordinator_to_restart: Callable[[], Node | None]
-    _emit: Callable[..., Any]
-    _save_runtime: Callable[[], None]
-    percent_done: Callable[[], float]
-    elapsed: Callable[[], float]
-    catch_up_positions: Callable[[], int]
 
-    def _inject_faults(self) -> None:
-        if len(self._fired_faults) == len(self._faults):
+
+class FaultInjector:
+    """Fires the faults given at submit from the control loop; remembers which fired."""
+
+    def __init__(
+        self,
+        faults: Sequence[Fault],
+        nodes: NodeManager,
+        platform: Platform,
+        sharding: ShardingService,
+        coordinator: Callable[[], Node | None],
+        catch_up_positions: Callable[[], int],
+        emit: Emit,
+        save: Callable[[], None],
+    ) -> None:
+        self._faults = list(faults)
+        self._nodes = nodes
+        self._platform = platform
+        self._sharding = sharding
+        self._coordinator = coordinator  # the running TF2 coordinator, if any
+        self._catch_up_positions = catch_up_positions
+        self._emit = emit
+        self._save = save  # writes the runtime record (which holds `fired`)
+        self.fired: list[int] = []  # indices into the faults given at submit
+        self._waiting: dict[int, float] = {}  # target a due fault waits on -> since when
+        self._kept_datasets: set[str] = set()  # datasets whose shards are kept for it
+
+    @property
+    def pending(self) -> bool:
+        """Some fault has not fired yet."""
+        return len(self.fired) < len(self._faults)
+
+    def tick(self, progress: Callable[[], JobProgress]) -> None:
+        """Control loop: fire each fault whose trigger is reached (`progress` is asked once,
+        after coalesced positions were caught up where a percentage is due)."""
+        if not self.pending:
             return
-        if any(
-            f.at_percent is not None
-            for i, f in enumerate(self._faults)
-            if i not in self._fired_faults
-        ):
+        if any(f.at_percent is not None for i, f in enumerate(self._faults) if i not in self.fired):
             # Coalesced reports lag by up to their interval: count the steps taken so far, so
             # a fault fires at its percentage, not at the next report (or checkpoint flush).
-            self.catch_up_positions()
-        pct, secs = self.percent_done(), self.elapsed()
+            self._catch_up_positions()
+        now = progress()
         waiting_on = None
-        for i in faults_due(self._faults, self._fired_faults, pct, secs, self.global_step):
+        for i in faults_due(
+            self._faults, self.fired, now.percent_done, now.seconds, now.global_step
+        ):
             fault = self._faults[i]
-            node = self.nodes.current(fault.node_type, fault.rank)
+            node = self._nodes.current(fault.node_type, fault.rank)
             if fault.node_type != MASTER and node and self._before_first_step(fault, node):
                 waiting_on = waiting_on or node
                 continue
             # Recorded before it acts, so a restarted master never fires it again.
-            self._fired_faults.append(i)
-            self._save_runtime()
+            self.fired.append(i)
+            self._save()
             if fault.node_type == MASTER:
-                self._kill_self(fault)
+                self._kill_self(fault, now.global_step)
                 continue
             if node is None or node.state != NodeState.RUNNING:
                 self._emit(
@@ -203,22 +226,20 @@ class FaultInjectionMixin:
             self._emit(
                 "fault",
                 f"fault injection: {fault.describe()} (id {node.id}, at global step "
-                f"{self.global_step})",
+                f"{now.global_step})",
                 node,
                 "fault_injection",
                 signal=int(fault.signal),
-                global_step=self.global_step,
+                global_step=now.global_step,
             )
-            self.platform.signal_node(node.id, fault.signal)
+            self._platform.signal_node(node.id, fault.signal)
         self._keep_work_for(waiting_on)
 
     def _keep_work_for(self, target: Node | None) -> None:
         """While a due fault waits for `target`'s first step, keep what its peers read for it
         (their asks wait): the kill lands near its trigger, and a trainer started late does not
         find the data done and never die. For at most KEEP_WORK_SECONDS; `None` ends it."""
-        if target is not None and time.monotonic() - self._faults_waiting[target.id] > (
-            KEEP_WORK_SECONDS
-        ):
+        if target is not None and time.monotonic() - self._waiting[target.id] > (KEEP_WORK_SECONDS):
             if self._kept_datasets:
                 self._emit(
                     "fault_waiting",
@@ -229,29 +250,29 @@ class FaultInjectionMixin:
             target = None
         if target is None:
             self._kept_datasets.clear()
-            self.sharding.keep_work_for(None)
+            self._sharding.keep_work_for(None)
             return
-        others = [n for n in self.nodes.all_current() if n.id != target.id]
+        others = [n for n in self._nodes.all_current() if n.id != target.id]
         peers = [n.id for n in others if n.type == target.type]
-        held = self.sharding.datasets_held_by(peers) or self.sharding.datasets_held_by(
+        held = self._sharding.datasets_held_by(peers) or self._sharding.datasets_held_by(
             [n.id for n in others if n.type in TRAINING_TYPES]
         )
         # Sticky: a peer whose ask waits holds nothing of that dataset any more.
         self._kept_datasets |= held
-        self.sharding.keep_work_for(target.id, self._kept_datasets)
+        self._sharding.keep_work_for(target.id, self._kept_datasets)
 
     def _before_first_step(self, fault: Fault, target: Node) -> bool:
         """Whether the due `fault` waits for its target's first step (said once); a target
         still starting (pending) waits too, where a running one would."""
         if target.state.ended:
             return False
-        coordinator = self._coordinator_to_restart()
-        trainers = self.nodes.all_current()
-        holds = self.sharding.holds_shards(target.id)
+        coordinator = self._coordinator()
+        trainers = self._nodes.all_current()
+        holds = self._sharding.holds_shards(target.id)
         if not waits_for_first_step(fault, target, holds, trainers, coordinator and coordinator.id):
             return False
-        if target.id not in self._faults_waiting:
-            self._faults_waiting[target.id] = time.monotonic()
+        if target.id not in self._waiting:
+            self._waiting[target.id] = time.monotonic()
             self._emit(
                 "fault_waiting",
                 f"fault injection: {fault.describe()} is due; waiting for {target.name}'s "
@@ -260,18 +281,15 @@ class FaultInjectionMixin:
             )
         return True
 
-    def _report_unfired_faults(self) -> None:
+    def report_unfired(self, reports_progress: bool) -> None:
         """At the job's end: say which faults never fired, and why where it is known."""
-        reports = bool(self.global_step or self.sharding.stats())
         for i, fault in enumerate(self._faults):
-            if i not in self._fired_faults:
-                self._emit("fault", unfired_message(fault, reports), reason="not_fired")
+            if i not in self.fired:
+                self._emit("fault", unfired_message(fault, reports_progress), reason="not_fired")
 
-    def _kill_self(self, fault: Fault) -> None:
+    def _kill_self(self, fault: Fault, global_step: int) -> None:
         """Fault injection on the master: record it as fired, then die by the signal."""
-        self._emit(
-            "fault", f"fault injection: {fault.describe()} (at global step {self.global_step})"
-        )
-        self.sharding.flush()
+        self._emit("fault", f"fault injection: {fault.describe()} (at global step {global_step})")
+        self._sharding.flush()
         os.kill(os.getpid(), fault.signal)
         time.sleep(STOP_GRACE_SECONDS)  # a catchable signal: its handler asks the loop to stop

@@ -1,9 +1,9 @@
 """Node health: lost heartbeats, hung trainers and stragglers, each judged once per node.
 
 `heartbeat_verdicts`, `hang_verdicts` and `straggler_verdicts` are pure: current nodes and
-times in, `HealthVerdict`s out. `HealthMixin` is the part of `JobMaster` that gathers what they
-need and applies each verdict: mark the node, record the event, kill it where the verdict says
-(its exit is then handled as any other, see master.job.exits)."""
+times in, `HealthVerdict`s out. `HealthMonitor` is the part of the job that gathers what they
+need and applies each verdict: record the finding on the node, the event, kill it where the
+verdict says (its exit is then handled as any other, see master.job.exits)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from master.job.diagnosis import find_stragglers
+from master.job.events import Emit
 from master.nodes.manager import step_time_samples
-from master.nodes.model import Node, NodeState
+from master.nodes.model import Finding, Node, NodeState
 from master.nodes.policy import heartbeat_lost, is_hung
 
 if TYPE_CHECKING:
@@ -28,12 +29,6 @@ STRAGGLER_CHECK_SECONDS = 5.0
 STRAGGLER_MIN_REPORTS = 3
 # A silent node whose process uses at least this share of one core is busy, not dead.
 BUSY_CPU_PERCENT = 50.0
-# node.extra flags: what the master found (each node is judged once per finding), read again
-# when the node's exit is diagnosed (master.job.exits.diagnose_node_exit).
-HEARTBEAT_LOST = "heartbeat_lost"
-HUNG = "hung"
-STRAGGLER = "straggler"
-STRAGGLER_REPLACED = "straggler_replaced"
 
 
 @dataclass(frozen=True)
@@ -43,7 +38,7 @@ class HealthVerdict:
     node: Node
     kind: str  # the event kind, also its reason: heartbeat_lost | hang | straggler
     message: str
-    marks: tuple[str, ...]  # node.extra flags to set
+    marks: tuple[Finding, ...]  # what to record on the node (each is found once per node)
     kill: bool
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -72,7 +67,7 @@ def heartbeat_verdicts(
     node id)."""
     verdicts = []
     for node in nodes:
-        if not heartbeat_lost(node, now, timeout) or node.extra.get(HEARTBEAT_LOST):
+        if not heartbeat_lost(node, now, timeout) or Finding.HEARTBEAT_LOST in node.findings:
             continue
         cause = silence_cause((measured_cpu or {}).get(node.id))
         verdicts.append(
@@ -82,7 +77,7 @@ def heartbeat_verdicts(
                 f"{node.name} (id {node.id}) sent no heartbeat for {timeout:g}s"
                 + (f" ({cause})" if cause else "")
                 + "; killing it",
-                (HEARTBEAT_LOST,),
+                (Finding.HEARTBEAT_LOST,),
                 kill=True,
                 details={"timeout_seconds": timeout, **({"cause": cause} if cause else {})},
             )
@@ -105,12 +100,12 @@ def hang_verdicts(
             "hang",
             f"{node.name} (id {node.id}) holds shards but made no step for {timeout:g}s; "
             "restarting it",
-            (HUNG,),
+            (Finding.HUNG,),
             kill=True,
             details={"timeout_seconds": timeout, "steps": node.steps},
         )
         for node in nodes
-        if not node.extra.get(HUNG)
+        if Finding.HUNG not in node.findings
         and is_hung(node, now, timeout, node.id in holding_shards, since)
     ]
 
@@ -134,7 +129,7 @@ def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> li
     verdicts = []
     for node_id, factor in slow.items():
         node = measured[node_id]
-        if node.extra.get(STRAGGLER):
+        if Finding.STRAGGLER in node.findings:
             continue
         verdicts.append(
             HealthVerdict(
@@ -143,7 +138,9 @@ def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> li
                 f"{node.name} (id {node.id}) is a straggler: {node.step_seconds * 1000:.0f} ms "
                 f"per step, {factor:.1f}x its peers' median"
                 + ("; replacing it" if replace else ""),
-                (STRAGGLER, STRAGGLER_REPLACED) if replace else (STRAGGLER,),
+                (Finding.STRAGGLER, Finding.STRAGGLER_REPLACED)
+                if replace
+                else (Finding.STRAGGLER,),
                 kill=replace,
                 details={
                     "step_seconds": round(node.step_seconds, 4),
@@ -155,35 +152,44 @@ def straggler_verdicts(nodes: Iterable[Node], action: str, min_steps: int) -> li
     return verdicts
 
 
-class HealthMixin:
-    """The part of `JobMaster` that runs the health checks from its control loop."""
+class HealthMonitor:
+    """Runs the health checks from the control loop and applies their verdicts."""
 
-    spec: JobSpec
-    nodes: NodeManager
-    sharding: ShardingService
-    _stragglers_checked_at: float
-    _hang_clock_from: float  # hang clocks run from here at the earliest (a job pause's end)
-    _recovering: Callable[[], bool]  # the job's start or a PS recovery before its first step
-    _measured_cpu: dict[int, float]  # node id -> CPU % the platform measured (master.job.stuck)
-    _emit: Callable[..., Any]
-    _kill_node: Callable[[Node], None]
+    def __init__(
+        self,
+        spec: JobSpec,
+        nodes: NodeManager,
+        sharding: ShardingService,
+        measured_cpu: Mapping[int, float],
+        recovering: Callable[[], bool],
+        kill: Callable[[Node], None],
+        emit: Emit,
+    ) -> None:
+        self._spec = spec
+        self._nodes = nodes
+        self._sharding = sharding
+        self._measured_cpu = measured_cpu  # node id -> CPU % the platform measured (live view)
+        self._recovering = recovering  # the job's start or a PS recovery before its first step
+        self._kill = kill
+        self._emit = emit
+        self._stragglers_checked_at = 0.0
+        self._hang_clock_from = 0.0  # hang clocks run from here at the earliest (a pause's end)
 
-    def _check_health(self) -> None:
+    def check(self) -> None:
+        """Control loop: lost heartbeats, hung trainers, then (every few seconds) stragglers."""
+        spec = self._spec
         now = time.monotonic()
-        self._apply_verdicts(
+        self._apply(
             heartbeat_verdicts(
-                self.nodes.all_current(),
-                now,
-                self.spec.heartbeat_timeout_seconds,
-                self._measured_cpu,
+                self._nodes.all_current(), now, spec.heartbeat_timeout_seconds, self._measured_cpu
             )
         )
-        timeout = self.spec.hang_timeout_seconds
-        nodes = self.nodes.all_current()
+        timeout = spec.hang_timeout_seconds
+        nodes = self._nodes.all_current()
         now = time.monotonic()
         recovering = self._recovering()
         if recovering:
-            self.nodes.restart_step_clocks(now)  # the pause is no trainer's step time
+            self._nodes.restart_step_clocks(now)  # the pause is no trainer's step time
         if timeout > 0:
             if recovering or not any(n.steps for n in nodes):
                 # The job's start or a PS recovery: trainers holding shards wait for sessions
@@ -191,30 +197,27 @@ class HealthMixin:
                 # gets a full timeout from the pause's end.
                 self._hang_clock_from = now
             else:
-                holding = self.sharding.holders()
-                verdicts = hang_verdicts(nodes, now, timeout, holding, self._hang_clock_from)
-                self._apply_verdicts(verdicts)
+                holding = self._sharding.holders()
+                self._apply(hang_verdicts(nodes, now, timeout, holding, self._hang_clock_from))
         now = time.monotonic()
-        if (
-            self.spec.stragglers != "off"
-            and now - self._stragglers_checked_at >= STRAGGLER_CHECK_SECONDS
+        if spec.stragglers != "off" and now - self._stragglers_checked_at >= (
+            STRAGGLER_CHECK_SECONDS
         ):
             self._stragglers_checked_at = now
-            self._apply_verdicts(
+            self._apply(
                 straggler_verdicts(
-                    self.nodes.all_current(), self.spec.stragglers, self.spec.straggler_min_steps
+                    self._nodes.all_current(), spec.stragglers, spec.straggler_min_steps
                 )
             )
 
-    def _silent_node_cause(self, key: tuple[str, int]) -> str:
+    def silent_node_cause(self, key: tuple[str, int]) -> str:
         """What a node whose rendezvous lease lapsed is doing (see silence_cause)."""
-        node = self.nodes.current(*key)
+        node = self._nodes.current(*key)
         return silence_cause(self._measured_cpu.get(node.id)) if node is not None else ""
 
-    def _apply_verdicts(self, verdicts: Iterable[HealthVerdict]) -> None:
+    def _apply(self, verdicts: Iterable[HealthVerdict]) -> None:
         for v in verdicts:
-            for mark in v.marks:
-                v.node.extra[mark] = True
+            v.node.findings.update(v.marks)
             self._emit(v.kind, v.message, v.node, v.kind, **v.details)
             if v.kill:
-                self._kill_node(v.node)
+                self._kill(v.node)

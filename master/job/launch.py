@@ -1,8 +1,6 @@
 """What a node is launched with: its command, environment, `TF_CONFIG` and launch spec.
 
-Pure functions of the job spec and the node. `LaunchMixin` is the part of `JobMaster` that asks
-the platform for addresses (remembering them, so a node keeps its address across relaunches)
-and launches the result."""
+Pure functions of the job spec and the node; master.job.lifecycle launches what they build."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
 
 from master.client import (
     ENV_JOB_TOKEN_FILE,
@@ -23,10 +20,6 @@ from master.config import JobSpec
 from master.job.model import JobRuntime
 from master.nodes.model import Node
 from master.platform.api import NodeLaunchSpec
-
-if TYPE_CHECKING:
-    from master.nodes.manager import NodeManager
-    from master.platform.api import Platform
 
 # The types TF_CONFIG lists (an evaluator is a task of its own, outside the cluster).
 TF_CLUSTER_TYPES = ("ps", "chief", "worker")
@@ -140,53 +133,3 @@ def launch_spec(spec: JobSpec, node: Node, env: Mapping[str, str], log_path: str
         image_command=(group.command or spec.command) if group.image else (),
         image_workdir=group.image_workdir,
     )
-
-
-class LaunchMixin:
-    """The part of `JobMaster` that launches node incarnations (and adopts a previous
-    master's) with what the functions above build."""
-
-    spec: JobSpec
-    runtime: JobRuntime
-    platform: Platform
-    nodes: NodeManager
-    _addresses: dict[tuple[str, int], str]
-    _emit: Callable[..., Any]
-    _save_runtime: Callable[[], None]
-    tf_cluster: Callable[[], dict[str, list[str]]]
-    _mark_phase: Callable[..., None]
-
-    def _launch(
-        self, node_type: str, rank: int, relaunches: int, memory_mb: int = 0, cpu: float = 0.0
-    ) -> Node:
-        group = self.spec.group(node_type)
-        node = self.nodes.new_incarnation(node_type, rank, relaunches, memory_mb or group.memory_mb)
-        node.cpu = cpu or group.cpu
-        address = self._address(node_type, rank)
-        log_path = node_log_path(self.runtime.run_dir, node)
-        inherited = os.environ if self.platform.inherits_master_env else None
-        env = node_env(self.spec, self.runtime, node, self.tf_cluster(), inherited)
-        self.platform.launch(launch_spec(self.spec, node, env, log_path))
-        self.nodes.mark_running(node.id, address, log_path, self.platform.handle(node.id))
-        if node_type == "ps":
-            self._mark_phase("ps_started")
-        self._save_runtime()
-        self._emit(
-            "node_running",
-            f"{node.name} (id {node.id}) launched at {address}",
-            node,
-            relaunches=relaunches,
-            memory_mb=node.memory_mb,
-        )
-        return node
-
-    def _launch_spec(self, node: Node) -> NodeLaunchSpec:
-        """What a platform needs to adopt a node a previous master started."""
-        return launch_spec(self.spec, node, {}, node.log_path)
-
-    def _address(self, node_type: str, rank: int) -> str:
-        """The node address for (type, rank), remembered so a restarted master keeps it."""
-        key = (node_type, rank)
-        if key not in self._addresses:
-            self._addresses[key] = self.platform.address_for(node_type, rank)
-        return self._addresses[key]

@@ -1,8 +1,13 @@
-"""The job master: launches nodes, reacts to their exits, and decides when the job ends.
+"""The job master: the control loop of one job, handed the parts that own its concerns.
 
-`JobMaster` owns the job's state and its control loop; each concern's policies are pure
-functions in their own module (launch, completion, exits, health, scaling, ps_change,
-rollback, faults), and the part of the job that applies them is a mixin beside them."""
+`JobMaster` keeps the job's own state (pending, running, ended; its global step; its master
+epoch) and runs the loop; each concern is a part that owns its state behind a small interface,
+wired here with the narrow ports it needs (docs/architecture.md lists them):
+`Cluster` (replicas, version, addresses), `NodeLifecycle` (launch, adopt, stop, kill),
+`ExitHandler` (a node's end, planned by master.job.exit_plan), `HealthMonitor`, `StuckWatch`,
+`Completion`, `Scaler` (and the autoscaler), `PSChanges` (PS moves and count changes),
+`StandbyKeeper` (the standby PS), `DataRollback`, `RecoveryTracker` (recovery timelines),
+`CheckpointIntervalTuner` and `FaultInjector`."""
 
 from __future__ import annotations
 
@@ -14,39 +19,35 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
-from master.config import NODE_TYPES, JobSpec
+from master.config import JobSpec
 from master.job.autoscaler import Autoscaler
-from master.job.checkpoint_interval import CheckpointIntervalMixin
+from master.job.checkpoint_interval import CheckpointIntervalTuner
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
-from master.job.completion import JOB_DONE, decide_completion, success_reason
+from master.job.cluster import Cluster
+from master.job.completion import Completion
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
-from master.job.exits import NodeExitMixin
-from master.job.faults import Fault, FaultInjectionMixin
-from master.job.health import HealthMixin
-from master.job.launch import LaunchMixin, tf_cluster_spec
+from master.job.exits import ExitHandler
+from master.job.faults import Fault, FaultInjector, JobProgress
+from master.job.health import HealthMonitor
+from master.job.lifecycle import NodeLifecycle
 from master.job.migration import MigrateResult, PSMigrator
 from master.job.model import (
     STOP_GRACE_SECONDS,
     JobRuntime,
     JobState,
     MasterFencedError,
+    NodeStart,
     ScaleResult,
 )
-from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChangeMixin
-from master.job.ps_standby import PSStandbyMixin
-from master.job.recovery_timeline import (
-    JOB_START,
-    PS_MIGRATION,
-    PS_RESIZE,
-    RecoveryTimelineMixin,
-)
-from master.job.rollback import MODEL_RESTORED, RollbackMixin
+from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChanges
+from master.job.ps_standby import StandbyKeeper
+from master.job.recovery_timeline import JOB_START, RecoveryPhase, RecoveryTracker
+from master.job.rollback import DataRollback
 from master.job.runtime_record import RUNTIME_KEY, RuntimeRecord
-from master.job.scaling import AUTOSCALE_KEY, ScalingMixin, check_scale_request
-from master.job.stuck import StuckMixin
+from master.job.scaling import Scaler
+from master.job.stuck import StuckWatch
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node
@@ -76,19 +77,7 @@ LAUNCH_ORDER = ("ps", "chief", "worker", "evaluator")
 FENCE_CHECK_SECONDS = 1.0
 
 
-class JobMaster(
-    LaunchMixin,
-    NodeExitMixin,
-    HealthMixin,
-    StuckMixin,
-    ScalingMixin,
-    PSChangeMixin,
-    RollbackMixin,
-    FaultInjectionMixin,
-    RecoveryTimelineMixin,
-    PSStandbyMixin,
-    CheckpointIntervalMixin,
-):
+class JobMaster:
     """Runs one job on a platform: the control loop applies policy decisions to node events."""
 
     def __init__(
@@ -108,83 +97,143 @@ class JobMaster(
         self.platform = platform
         self.store = store
         self.runtime = runtime
-        self.nodes = NodeManager(store)
-        self.sharding = ShardingService(store)
-        self.progress_streams = StreamRegistry()
-        self.checkpoints = CheckpointRegistry(store)
-        # Torch rendezvous rounds; each closed round is a job event.
-        self.rendezvous = RendezvousService(
-            store, on_round=self._on_rendezvous_round, describe_silent=self._silent_node_cause
-        )
-        self.kv = KVStore(store)  # behind the torch Store of the agents
-        self._init_timelines()
-        self.kv.add_listener(self._timeline_on_kv)
-        self._init_standby()
-        self.kv.add_listener(self._standby_ready)
-        self.kv.add_listener(self._wake_for_ps_change)
-        self._init_checkpoint_interval()
         self.state = JobState.PENDING
         self.reason = ""
         self.global_step = 0
         self.last_loss: float | None = None  # the latest training loss a node reported
+        self.wall_seconds = 0.0
+        self.epoch = 0  # this master instance's number; a restarted master takes the next
         self.event_log = EventLog(
             os.path.join(runtime.run_dir, EVENTS_FILE) if runtime.run_dir else ""
         )
         self.events: list[JobEvent] = self.event_log.events
         if on_event:
             self.event_log.add_listener(on_event)
-        self._stragglers_checked_at = 0.0
-        self._hang_clock_from = 0.0
-        # Stuck detection (master.job.stuck): CPU samples, the current quiet spell, its note.
-        self._cpu_samples: dict[int, tuple[float, float]] = {}
-        self._measured_cpu: dict[int, float] = {}
-        self._cpu_sampled_at = 0.0
-        self._quiet_since: float | None = None
-        self._quiet_step = 0
-        self.stuck_note = ""  # "possibly stuck: ..." while the job looks stuck
-        # Automatic worker scaling and PS migration (master.job.autoscaler), when the YAML asks:
-        # it decides, this job applies (master.job.scaling).
-        self.autoscaler = Autoscaler(self, spec.autoscale) if spec.autoscale.enabled else None
-        self._faults = list(faults)  # given at submit; _fired_faults says which already fired
-        self._job_relaunches = 0
-        self._ps_losses: dict[str, float] = {}  # PS name -> when it was last lost (monotonic)
         self._started = time.monotonic()
-        self._training_done_at: float | None = None
-        self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._scale_requests: queue.SimpleQueue[tuple] = queue.SimpleQueue()
-        self._replicas = {t: spec.group(t).replicas for t in NODE_TYPES}
-        self.cluster_version = 1
-        self._lock = threading.Lock()
-        self.wall_seconds = 0.0
-        self.epoch = 0  # this master instance's number; a restarted master takes the next
         self._started_wall = time.time()
-        self._fired_faults: list[int] = []  # indices into the faults given at submit
-        self._faults_waiting: dict[int, float] = {}
-        self._kept_datasets: set[str] = set()
-        self._addresses: dict[tuple[str, int], str] = {}
+        self._stop_request: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
         self._next_fence_check = 0.0
-        self._chief_reports_restores = False
-        # A PS was lost and the chief's restore report will roll the data back: that rollback
-        # is reported even when it moves nothing (the checkpoint was where the data was).
-        self._restore_after_ps_loss = False
-        self.migrator = PSMigrator(
-            self.kv,
-            self.nodes.current,
-            self._running_workers,
-            self._retire_node,
-            self.emit,
-            stop_cluster=self._stop_for_ps_change,
-            start_cluster=self._start_after_ps_change,
-            save=self._save_ps_change,
-            on_phase=self._mark_phase,
+
+        # What the job's nodes talk to (the RPC surface serves these).
+        self.nodes = NodeManager(store)
+        self.sharding = ShardingService(store)
+        self.progress_streams = StreamRegistry()
+        self.checkpoints = CheckpointRegistry(store)
+        self.kv = KVStore(store)  # behind the torch Store of the agents
+
+        # The parts of the job core, each with the ports it needs.
+        emit, save = self.emit, self._save_runtime
+        self.cluster = Cluster(spec, platform)
+        self.recovery = RecoveryTracker(emit)
+        self.lifecycle = NodeLifecycle(
+            spec,
+            runtime,
+            platform,
+            self.nodes,
+            self.cluster,
+            emit,
+            on_launched=self._on_launched,
+            on_gone=lambda event: self.exits.handle(event),
         )
+        self.rollback = DataRollback(self.nodes, self.sharding, self.checkpoints, platform, emit)
+        self.standby = StandbyKeeper(
+            spec, runtime, platform, self.nodes, self.kv, store, self.cluster, self.recovery,
+            emit, save,
+        )  # fmt: skip
+        self.ps_changes = PSChanges(
+            store, self.kv, self.nodes, self.cluster, self.lifecycle, self.standby,
+            self.rollback, self.recovery, emit, save,
+        )  # fmt: skip
+        self.completion = Completion(
+            spec,
+            self.nodes,
+            self.sharding,
+            self.lifecycle,
+            lambda: self.cluster.replicas,
+            emit,
+            save,
+            on_training_done=self._on_training_done,
+            succeed=lambda reason: self._set_state(JobState.SUCCEEDED, reason),
+        )
+        self.stuck = StuckWatch(
+            spec, self.nodes, platform, self.cluster.tf_cluster, emit, fail=self._fail
+        )
+        self.health = HealthMonitor(
+            spec,
+            self.nodes,
+            self.sharding,
+            self.stuck.measured_cpu,
+            self.recovery.recovering,
+            self.lifecycle.kill,
+            emit,
+        )
+        # Torch rendezvous rounds; each closed round is a job event.
+        self.rendezvous = RendezvousService(
+            store, on_round=self._on_rendezvous_round, describe_silent=self.health.silent_node_cause
+        )
+        self.exits = ExitHandler(
+            spec,
+            self.nodes,
+            self.sharding,
+            self.progress_streams,
+            self.rendezvous,
+            self.kv,
+            self.checkpoints,
+            self.lifecycle,
+            self.standby,
+            self.ps_changes,
+            self.rollback,
+            self.recovery,
+            emit,
+            job_ended=lambda: self.state.ended,
+            training_done=lambda: self.completion.training_done,
+            reports_steps=self._reports_steps,
+            fail_job=self._fail,
+        )
+        self.faults = FaultInjector(
+            faults,
+            self.nodes,
+            platform,
+            self.sharding,
+            self.exits.coordinator,
+            self.rollback.catch_up_positions,
+            emit,
+            save,
+        )
+        # Automatic worker scaling and PS migration, when the YAML asks: the autoscaler
+        # decides (master.job.autoscaler), the scaler applies.
+        self.autoscaler = Autoscaler(self, spec.autoscale) if spec.autoscale.enabled else None
+        self.scaler = Scaler(
+            spec, store, self.nodes, self.cluster, self.lifecycle, self.ps_changes.migrator,
+            self.autoscaler, lambda: self.state.ended, emit, save,
+        )  # fmt: skip
+        self.interval = CheckpointIntervalTuner(spec.checkpoint_overhead, self.kv, emit)
+        self.kv.add_listener(self.recovery.on_kv)
+        self.kv.add_listener(self.standby.on_kv)
+        self.kv.add_listener(self._wake_for_ps_change)
 
     # -- public -------------------------------------------------------------
 
     @property
     def replicas(self) -> dict[str, int]:
         """How many ranks of each type the job has now (scaling changes it)."""
-        return dict(self._replicas)
+        return self.cluster.replicas
+
+    @property
+    def cluster_version(self) -> int:
+        """The TF cluster spec's version: it goes up whenever the spec changes."""
+        return self.cluster.version
+
+    @property
+    def migrator(self) -> PSMigrator:
+        """The PS change in progress, if any (`migrator.active`)."""
+        return self.ps_changes.migrator
+
+    @property
+    def stuck_note(self) -> str:
+        """'possibly stuck: ...' while the job looks stuck, else ''."""
+        return self.stuck.note
 
     def request_scale(
         self, node_type: str, replicas: int, reason: str, timeout: float = 30.0
@@ -192,20 +241,14 @@ class JobMaster(
         """Ask the control loop to run `replicas` nodes of `node_type`; waits until applied.
         A PS count change checkpoints and restarts the cluster (see master.job.migration)."""
         if node_type == "ps":
-            if self.state.ended:
-                raise ValueError(f"the job has already ended ({self.state.value})")
-            self._refuse_ps_change_under_keras()
-            done = self.migrator.request_resize(replicas, self._replicas["ps"], reason)
-            self._open_timeline(PS_RESIZE, f"ps {self._replicas['ps']} -> {replicas}")
+            self._refuse_if_ended()
+            done = self.ps_changes.request_resize(replicas, reason)
             self._wake_loop()
             result = done.result(max(timeout, PS_RESIZE_TIMEOUT_SECONDS))
-            return ScaleResult(result.previous, result.ps_count, self.cluster_version)
-        check_scale_request(self.spec, node_type, replicas, self._replicas["chief"])
-        if self.state.ended:
-            raise ValueError(f"the job has already ended ({self.state.value})")
-        done: Future = Future()
-        self._scale_requests.put((node_type, replicas, reason, done))
-        return done.result(timeout)
+            return ScaleResult(result.previous, result.ps_count, self.cluster.version)
+        self.scaler.check(node_type, replicas)
+        self._refuse_if_ended()
+        return self.scaler.request(node_type, replicas, reason).result(timeout)
 
     def request_migrate(
         self,
@@ -217,13 +260,8 @@ class JobMaster(
         timeout: float = 300.0,
     ) -> MigrateResult:
         """Move a PS to new resources (see master.job.migration); waits until the new one runs."""
-        if self.state.ended:
-            raise ValueError(f"the job has already ended ({self.state.value})")
-        self._refuse_ps_change_under_keras()
-        done = self.migrator.request(
-            node_type, rank, memory_mb, cpu, reason, self._replicas.get(node_type, 0)
-        )
-        self._open_timeline(PS_MIGRATION, f"{node_type}-{rank}")
+        self._refuse_if_ended()
+        done = self.ps_changes.request_move(node_type, rank, memory_mb, cpu, reason)
         self._wake_loop()
         return done.result(timeout)
 
@@ -239,10 +277,10 @@ class JobMaster(
             else:
                 self._set_state(JobState.RUNNING, "")
                 self._save_runtime()
-                self._open_timeline(JOB_START, "")
+                self.recovery.open(JOB_START, "")
                 for node_type in LAUNCH_ORDER:
                     for rank in range(self.replicas[node_type]):
-                        self._launch(node_type, rank, relaunches=0)
+                        self.lifecycle.launch(NodeStart(node_type, rank, relaunches=0))
             while not self.state.ended:
                 self._step()
         except MasterFencedError:
@@ -262,7 +300,8 @@ class JobMaster(
         self._stop_request.put(reason)
 
     def note_global_step(self, step: int) -> None:
-        self._timeline_on_step(step)
+        """A node reported the job's global step (it only goes up)."""
+        self.recovery.on_step(step)
         self._raise_global_step(step)
 
     def _raise_global_step(self, step: int) -> None:
@@ -285,7 +324,11 @@ class JobMaster(
     def tf_cluster(self) -> dict[str, list[str]]:
         """The TF cluster of the nodes that run, or of every worker slot when the job reserves
         them (master.job.launch.tf_cluster_spec)."""
-        return tf_cluster_spec(self.spec, self.replicas, self._address)
+        return self.cluster.tf_cluster()
+
+    def catch_up_positions(self) -> int:
+        """Apply the positions coalesced reports have not carried yet (see DataRollback)."""
+        return self.rollback.catch_up_positions()
 
     def on_checkpoint_reported(self, checkpoint: Checkpoint) -> None:
         """The chief finished writing a checkpoint (with its ledger snapshots)."""
@@ -298,15 +341,10 @@ class JobMaster(
         """The chief reports each session it creates with the step its model was loaded at
         (dlrover_tf.elastic_model_fn): the data goes back to exactly that step. From then on
         a PS failure waits for this report instead of guessing the step."""
-        self._timeline_on_restore(step)
-        first = not self._chief_reports_restores
-        self._chief_reports_restores = True
-        if first:
+        self.recovery.on_restore(step)
+        if self.rollback.note_restore_report():
             self._save_runtime()
-        after_ps_loss, self._restore_after_ps_loss = self._restore_after_ps_loss, False
-        if step == 0 and all(s.records_done == 0 for s in self.sharding.stats()):
-            return  # a fresh start: nothing to go back from
-        self._rollback_data(step, reason=MODEL_RESTORED, report_unchanged=after_ps_loss)
+        self.rollback.to_restored_step(step)
 
     def emit(
         self, kind: str, message: str, node: Node | None = None, reason: str = "", **details: Any
@@ -325,8 +363,6 @@ class JobMaster(
         log.info("%s", message)
         self.event_log.append(event)
         return event
-
-    _emit = emit
 
     # -- durability: epochs and resuming ------------------------------------
 
@@ -350,15 +386,15 @@ class JobMaster(
     def _save_runtime(self) -> None:
         """Record what a restarted master needs beyond the nodes, ledgers and checkpoints."""
         record = RuntimeRecord(
-            replicas=self._replicas,
-            cluster_version=self.cluster_version,
-            job_relaunches=self._job_relaunches,
+            replicas=self.cluster.replicas,
+            cluster_version=self.cluster.version,
+            job_relaunches=self.exits.job_relaunches,
             global_step=self.global_step,
             started_wall=self._started_wall,
-            fired_faults=self._fired_faults,
-            training_done=self._training_done_at is not None,
-            chief_reports_restores=self._chief_reports_restores,
-            addresses=self._addresses,
+            fired_faults=self.faults.fired,
+            training_done=self.completion.training_done,
+            chief_reports_restores=self.rollback.chief_reports_restores,
+            addresses=self.cluster.addresses,
         )
         self.store.put(JOB_TABLE, RUNTIME_KEY, record.to_json())
 
@@ -371,18 +407,14 @@ class JobMaster(
                 "(start the job without --resume)"
             )
         record = RuntimeRecord.from_json(raw)
-        self._replicas.update(record.replicas)
-        self.cluster_version = record.cluster_version
-        self._job_relaunches = record.job_relaunches
+        self.cluster.restore(record.replicas, record.cluster_version, record.addresses)
+        self.exits.job_relaunches = record.job_relaunches
         self.global_step = record.global_step
         self._started_wall = record.started_wall
         self._started = time.monotonic() - max(0.0, time.time() - self._started_wall)
-        self._fired_faults = record.fired_faults
-        self._chief_reports_restores = record.chief_reports_restores
-        if record.training_done:
-            self._training_done_at = time.monotonic()
-        self._addresses = record.addresses
-        self.platform.restore_addresses(dict(self._addresses))
+        self.faults.fired = record.fired_faults
+        self.rollback.chief_reports_restores = record.chief_reports_restores
+        self.completion.restore(record.training_done)
         if self.runtime.run_dir:
             self.event_log.preload(read_events(self.runtime.run_dir))
         self.state = JobState.RUNNING
@@ -390,18 +422,16 @@ class JobMaster(
         for node in self.nodes.restore():
             if node.state.ended:
                 continue
-            self.platform.adopt(self._launch_spec(node), node.platform_handle)
+            self.lifecycle.adopt(node)
             adopted += 1
         # Torch rendezvous rounds go on with their members (fresh leases from now).
         self.rendezvous.resume()
-        self._resume_standby()
-        self._resume_ps_change()
-        raw = self.store.get(JOB_TABLE, AUTOSCALE_KEY)
-        if raw is not None and self.autoscaler is not None:
-            self.autoscaler.restore(json.loads(raw))
+        self.standby.resume()
+        self.ps_changes.resume()
+        self.scaler.resume()
         self.nodes.restart_liveness_clocks()
         self.resuming = False
-        self._emit(
+        self.emit(
             "master_restarted",
             f"master restarted (epoch {self.epoch}): adopted {adopted} running nodes, "
             "relaunched none",
@@ -425,58 +455,47 @@ class JobMaster(
         except queue.Empty:
             event = None
         if event is not None:
-            self._on_node_exit(event)
+            self.exits.handle(event)
         try:
             reason = self._stop_request.get_nowait()
             self._set_state(JobState.STOPPED, reason)
             return
         except queue.Empty:
             pass
-        self._apply_scale_requests()
+        training_done = self.completion.training_done
+        self.scaler.apply_requests()
         self.migrator.advance()
-        self._keep_standby()
-        self._tune_checkpoint_interval()
-        self._autoscale()
-        self._check_health()
-        self._check_stuck()
-        self._inject_faults()
-        self._check_completion()
+        # A PS change in progress is a recovery too (it restarts PS processes).
+        recovering = self.recovery.recovering() or self.migrator.active is not None
+        self.standby.keep(self.global_step > 0, training_done, recovering)
+        self.interval.tick(self.global_step)
+        self.scaler.autoscale()
+        self.health.check()
+        self.stuck.check(self.global_step, training_done)
+        self.faults.tick(self._progress)
+        self.completion.check()
 
-    def _check_completion(self) -> None:
-        now = time.monotonic()
-        decision = decide_completion(
-            self.nodes.all_current(),
-            self.replicas,
-            self._training_done_at,
-            now,
-            self.spec.evaluator_grace_seconds,
-            self.spec.success_policy,
-            data_done=self._training_done_at is not None and self._data_done(),
-        )
-        reason = success_reason(self.spec.success_policy, self.replicas)
-        if decision.training_done:
-            self._training_done_at = now
-            self._save_runtime()
-            self._emit("training_done", reason)
-            self._report_unfired_faults()
-        for node in decision.stop:
-            self._stop_node(node, JOB_DONE)
-        if decision.succeeded:
-            self._set_state(JobState.SUCCEEDED, reason)
+    def _progress(self) -> JobProgress:
+        return JobProgress(self.percent_done(), self.elapsed(), self.global_step)
 
-    def _data_done(self) -> bool:
-        """The job has datasets and every one is finished."""
-        stats = self.sharding.stats()
-        return bool(stats) and all(s.finished for s in stats)
+    def _reports_steps(self) -> bool:
+        """Some trainer of the job reports its steps (a program with our hooks)."""
+        return self.global_step > 0 or any(n.steps > 0 for n in self.nodes.all_current())
 
-    def _stop_node(self, node: Node, cause: str = "") -> None:
-        """Stop a node gracefully (SIGTERM, a grace period, SIGKILL); `cause` is said with
-        its end ("stopped: job done")."""
-        if cause:
-            node.stop_cause = cause
-        node.stop_requested = True
-        self.nodes.save(node)
-        self.platform.stop_node(node.id, STOP_GRACE_SECONDS)
+    def _on_launched(self, node: Node) -> None:
+        if node.type == "ps":
+            self.recovery.mark(RecoveryPhase.PS_STARTED)
+        self._save_runtime()
+
+    def _on_training_done(self) -> None:
+        self.faults.report_unfired(reports_progress=bool(self.global_step or self.sharding.stats()))
+
+    def _refuse_if_ended(self) -> None:
+        if self.state.ended:
+            raise ValueError(f"the job has already ended ({self.state.value})")
+
+    def _fail(self, reason: str) -> None:
+        self._set_state(JobState.FAILED, reason)
 
     def _shutdown(self) -> None:
         self.wall_seconds = self.elapsed()
@@ -490,7 +509,7 @@ class JobMaster(
                 except queue.Empty:
                     break
                 if event is not None:  # None: a wake-up (_wake_loop)
-                    self._on_node_exit(event)
+                    self.exits.handle(event)
             for node in self.nodes.all_current():
                 if not node.state.ended:
                     self.nodes.mark_exited(node.id, -signal.SIGTERM, ExitReason.STOPPED)
@@ -504,7 +523,7 @@ class JobMaster(
             JOB_TABLE, "status", json.dumps({"state": state.value, "reason": reason}).encode()
         )
         if state.ended:
-            self._emit(
+            self.emit(
                 "job_" + state.value, f"job {state.value}" + (f": {reason}" if reason else "")
             )
             self.migrator.abort(f"the job {state.value} before the change was made")

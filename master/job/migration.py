@@ -16,6 +16,7 @@ Both start alike: workers pause at a step boundary, then the chief checkpoints a
 from __future__ import annotations
 
 import dataclasses
+import enum
 import queue
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from master.client import CHECKPOINT_REQUESTS_KEY, PAUSE_KEY, checkpoint_request_key, pause_key
+from master.job.recovery_timeline import RecoveryPhase
 from master.kv.store import KVStore
 from master.nodes.model import Node, NodeState
 
@@ -43,6 +45,19 @@ MIGRATABLE_TYPES = ("ps",)
 # The nodes a PS count change restarts: those whose TF_CONFIG holds the PS list.
 CLUSTER_TYPES = ("ps", "chief", "worker")
 MAX_PS = 64
+
+
+class MigrationPhase(str, enum.Enum):
+    """Where a PS change stands. queued -> pausing (workers stop at a step boundary) ->
+    checkpoint (the chief saves on request) -> stopping (the old PS, or for a count change the
+    whole cluster) -> done; a count change goes stopping -> starting (the new cluster) -> done.
+    A failure at any phase ends the change with nothing changed past what was stopped."""
+
+    QUEUED = "queued"
+    PAUSING = "pausing"
+    CHECKPOINT = "checkpoint"
+    STOPPING = "stopping"
+    STARTING = "starting"
 
 
 class MigrationFailedError(RuntimeError):
@@ -75,7 +90,7 @@ class _Migration:
     cpu: float
     reason: str
     done: Future
-    phase: str = "queued"  # queued -> pausing -> checkpoint -> stopping (-> starting)
+    phase: MigrationPhase = MigrationPhase.QUEUED
     pause_number: int = 0
     pausing: tuple[str, ...] = ()  # the workers (TYPE-RANK) that must ack the pause
     deadline: float = 0.0
@@ -109,7 +124,7 @@ class PSMigrator:
         stop_cluster: Callable[[int], list[Node]] | None = None,
         start_cluster: Callable[[int], int] | None = None,
         save: Callable[[dict | None], None] | None = None,
-        on_phase: Callable[[str], None] | None = None,
+        on_phase: Callable[[RecoveryPhase], None] | None = None,
     ) -> None:
         self._kv = kv
         self._current = current
@@ -186,17 +201,17 @@ class PSMigrator:
                 return
             self._start(m)
             return
-        if m.phase in ("pausing", "checkpoint"):
+        if m.phase in (MigrationPhase.PAUSING, MigrationPhase.CHECKPOINT):
             chief = self._current("chief", 0)
             if chief is None or chief.state == NodeState.SUCCEEDED:
                 self._fail(
                     m, "training ended before the chief made the checkpoint; nothing changed"
                 )
                 return
-        if m.phase == "pausing":
+        if m.phase == MigrationPhase.PAUSING:
             acked = all(self._kv.check([pause_key(m.pause_number, f"ack/{w}")]) for w in m.pausing)
             if acked or time.monotonic() > m.deadline:
-                self._on_phase("paused")
+                self._on_phase(RecoveryPhase.PAUSED)
                 if not acked:
                     self._emit(
                         "migration",
@@ -205,7 +220,7 @@ class PSMigrator:
                     )
                 self._request_checkpoint(m)
             return
-        if m.phase == "checkpoint":
+        if m.phase == MigrationPhase.CHECKPOINT:
             # The chief's answer to this very request: a checkpoint it made on its own schedule
             # may race with the request (and the chief may not be at a step boundary then).
             answer = self._kv.get(checkpoint_request_key(m.request_number, "done"), 0)
@@ -219,7 +234,7 @@ class PSMigrator:
                 self._release_pause(m)
             if answer is not None:
                 m.checkpoint_step = int(answer)
-                self._on_phase("checkpointed")
+                self._on_phase(RecoveryPhase.CHECKPOINTED)
                 if m.ps_count:
                     self._stop_for_resize(m)
                 else:
@@ -235,7 +250,7 @@ class PSMigrator:
         """The node ended: the migration replacing it, if one is (the caller starts the new one).
         A node a count change stopped is taken care of here (its start waits for all of them)."""
         m = self._active
-        if m is None or m.phase != "stopping":
+        if m is None or m.phase != MigrationPhase.STOPPING:
             return None
         if m.ps_count:
             if node.id not in m.stopping:
@@ -246,8 +261,16 @@ class PSMigrator:
             return m
         if node.id != m.old_id:
             return None
-        self._on_phase("detected")
+        self._on_phase(RecoveryPhase.DETECTED)
         return m
+
+    def claims(self, node: Node) -> bool:
+        """Whether `node`'s end belongs to the active change: the PS being moved, or a node a
+        count change stopped (on_exit then takes it). Changes nothing."""
+        m = self._active
+        if m is None or m.phase != MigrationPhase.STOPPING:
+            return False
+        return node.id in m.stopping if m.ps_count else node.id == m.old_id
 
     def awaits(self, key: bytes) -> bool:
         """Whether `key` is an answer the active change waits for (a worker's pause ack, the
@@ -255,9 +278,11 @@ class PSMigrator:
         m = self._active
         if m is None:
             return False
-        if m.phase == "pausing":
+        if m.phase == MigrationPhase.PAUSING:
             return any(key == pause_key(m.pause_number, f"ack/{w}") for w in m.pausing)
-        return m.phase == "checkpoint" and key == checkpoint_request_key(m.request_number, "done")
+        return m.phase == MigrationPhase.CHECKPOINT and key == checkpoint_request_key(
+            m.request_number, "done"
+        )
 
     @property
     def active(self) -> _Migration | None:
@@ -265,17 +290,26 @@ class PSMigrator:
 
     def restore(self, record: dict) -> _Migration:
         """A restarted master carries on the change its predecessor saved (the caller then
-        settles a phase that was cut short; see JobMaster._resume_ps_change)."""
-        m = _Migration(**{**record, "done": Future(), "stopping": set(record["stopping"])})
+        settles a phase that was cut short; see master.job.ps_change.PSChanges.resume)."""
+        m = _Migration(
+            **{
+                **record,
+                "done": Future(),
+                "stopping": set(record["stopping"]),
+                "phase": MigrationPhase(record["phase"]),
+            }
+        )
         m.pausing = tuple(m.pausing)
         m.deadline = time.monotonic() + (
-            PAUSE_TIMEOUT_SECONDS if m.phase == "pausing" else CHECKPOINT_TIMEOUT_SECONDS
+            PAUSE_TIMEOUT_SECONDS
+            if m.phase == MigrationPhase.PAUSING
+            else CHECKPOINT_TIMEOUT_SECONDS
         )
         self._active = m
         self._emit(
             "migration",
-            f"carrying on the PS change the previous master began (phase {m.phase})",
-            phase=m.phase,
+            f"carrying on the PS change the previous master began (phase {m.phase.value})",
+            phase=m.phase.value,
         )
         return m
 
@@ -283,10 +317,10 @@ class PSMigrator:
         """After restore(): redo a stopping or starting phase the previous master may have cut
         short (both are idempotent). Returns a move whose old PS ended with no new one yet."""
         m = self._active
-        if m is None or m.phase not in ("stopping", "starting"):
+        if m is None or m.phase not in (MigrationPhase.STOPPING, MigrationPhase.STARTING):
             return None
         if m.ps_count:
-            if m.phase == "starting":
+            if m.phase == MigrationPhase.STARTING:
                 self._finish_resize(m)
             else:
                 self._stop_for_resize(m)
@@ -386,7 +420,7 @@ class PSMigrator:
         )
 
     def _pause_workers(self, m: _Migration) -> None:
-        m.phase = "pausing"
+        m.phase = MigrationPhase.PAUSING
         m.deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
         # Only workers already stepping can ack; one still starting pauses at its first step
         # (its hook sees the pause in force) but is not waited for.
@@ -418,7 +452,7 @@ class PSMigrator:
         )
 
     def _stop_for_resize(self, m: _Migration) -> None:
-        m.phase = "stopping"
+        m.phase = MigrationPhase.STOPPING
         self._persist(m)  # a restarted master stops (again) whatever still runs
         # The set is filled before any node is stopped: a platform that cannot signal reports
         # the exit at once, re-entering on_exit.
@@ -430,7 +464,7 @@ class PSMigrator:
 
     def _finish_resize(self, m: _Migration) -> None:
         previous = m.previous_count
-        m.phase = "starting"
+        m.phase = MigrationPhase.STARTING
         self._persist(m)  # a restarted master starts (again) whatever is not running
         version = self._start_cluster(m.ps_count)
         self._emit(
@@ -450,7 +484,7 @@ class PSMigrator:
         self._persist(None)
 
     def _request_checkpoint(self, m: _Migration) -> None:
-        m.phase = "checkpoint"
+        m.phase = MigrationPhase.CHECKPOINT
         m.deadline = time.monotonic() + CHECKPOINT_TIMEOUT_SECONDS
         m.request_number = self._kv.add(CHECKPOINT_REQUESTS_KEY, 1)
         self._persist(m)
@@ -471,10 +505,9 @@ class PSMigrator:
         if node is None or node.state != NodeState.RUNNING:
             self._fail(m, f"{m.node_type}-{m.rank} ended during the migration")
             return
-        m.phase = "stopping"
+        m.phase = MigrationPhase.STOPPING
         m.old_id = node.id
         self._persist(m)
-        node.extra["migrating"] = True
         self._retire_node(node)
 
     def _fail(self, m: _Migration, reason: str) -> None:

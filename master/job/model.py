@@ -14,7 +14,10 @@ class MasterFencedError(RuntimeError):
 
 
 class JobState(str, enum.Enum):
-    """Where a job stands: pending, running, or ended (succeeded, failed, stopped)."""
+    """Where a job stands. pending -> running when `JobMaster.run` launches (or adopts) its
+    nodes; running -> succeeded (the success policy is met and no node runs), failed (a node
+    failed past its budgets, a start-up error, `stuck_action: fail`, or a master error) or
+    stopped (the user asked: Ctrl-C, SIGTERM). The three ended states are final."""
 
     PENDING = "pending"
     RUNNING = "running"

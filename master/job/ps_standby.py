@@ -6,8 +6,8 @@ replaces comes with the promotion), so no other node needs a new cluster spec: t
 the workers rebuild their sessions against the same address, as with a relaunch. A standby is
 not a node until promoted: it talks to the master as rank `STANDBY_RANK` with an id reserved for
 it, and is never counted, health-checked or shown as one. The pure part decides when one is
-wanted and whether one may replace a given PS; `PSStandbyMixin` is the part of `JobMaster`
-that runs it.
+wanted and whether one may replace a given PS; `StandbyKeeper` is the part of the job that
+runs it.
 """
 
 from __future__ import annotations
@@ -20,22 +20,20 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from master.client import ps_standby_key
+from master.config import JobSpec
+from master.job.cluster import Cluster
+from master.job.events import Emit
 from master.job.launch import launch_spec, node_env, tf_config
-from master.nodes.manager import STANDBY_RANK
+from master.job.model import JobRuntime, NodeStart
+from master.job.recovery_timeline import RecoveryPhase, RecoveryTracker
+from master.kv.store import KVStore
+from master.nodes.manager import STANDBY_RANK, NodeManager
 from master.nodes.model import Node
-from master.platform.api import NodeEvent, PlatformError
+from master.platform.api import NodeEvent, Platform, PlatformError
+from master.state.api import StateStore
 from master.state.job_record import JOB_TABLE
-
-if TYPE_CHECKING:
-    from master.config import JobSpec
-    from master.job.migration import PSMigrator
-    from master.job.model import JobRuntime
-    from master.kv.store import KVStore
-    from master.nodes.manager import NodeManager
-    from master.platform.api import Platform
 
 log = logging.getLogger(__name__)
 
@@ -112,129 +110,130 @@ def retire_message() -> bytes:
     return json.dumps({"retire": True}).encode()
 
 
-class PSStandbyMixin:
-    """The part of `JobMaster` that keeps a standby PS and promotes it."""
+class StandbyKeeper:
+    """Keeps at most one standby PS: starts it when due, promotes it, retires it."""
 
-    spec: JobSpec
-    runtime: JobRuntime
-    platform: Platform
-    nodes: NodeManager
-    kv: KVStore
-    store: Any
-    _replicas: dict[str, int]
-    _training_done_at: float | None
-    _standby: Standby | None
-    _standby_due: float
-    _emit: Callable[..., Any]
-    _mark_phase: Callable[..., None]
-    tf_cluster: Callable[[], dict[str, list[str]]]
-    _address: Callable[[str, int], str]
-    _save_runtime: Callable[[], None]
-    _recovering: Callable[[], bool]
-    global_step: int
-    migrator: PSMigrator
+    def __init__(
+        self,
+        spec: JobSpec,
+        runtime: JobRuntime,
+        platform: Platform,
+        nodes: NodeManager,
+        kv: KVStore,
+        store: StateStore,
+        cluster: Cluster,
+        recovery: RecoveryTracker,
+        emit: Emit,
+        save: Callable[[], None],
+    ) -> None:
+        self._spec = spec
+        self._runtime = runtime
+        self._platform = platform
+        self._nodes = nodes
+        self._kv = kv
+        self._store = store
+        self._cluster = cluster
+        self._recovery = recovery
+        self._emit = emit
+        self._save = save  # writes the runtime record once a promoted PS runs
+        self._standby: Standby | None = None
+        self._due = time.monotonic()  # no new standby starts before this
 
-    def _init_standby(self) -> None:
-        self._standby = None
-        self._standby_due = time.monotonic()  # no new standby starts before this
-
-    def _keep_standby(self) -> None:
-        """Control loop: start a standby when one is wanted and due; retire it when not."""
+    def keep(self, training_started: bool, training_done: bool, recovering: bool) -> None:
+        """Control loop: start a standby when one is wanted and due; retire it when not.
+        `recovering`: a recovery or a PS change runs (it restarts PS processes)."""
         wanted = standby_wanted(
-            self.spec,
-            self._replicas["ps"],
-            self.platform.runs_ps_standby,
-            self._training_done_at is not None,
+            self._spec,
+            self._cluster.replicas["ps"],
+            self._platform.runs_ps_standby,
+            training_done,
         )
         if not wanted:
             if self._standby is not None:
-                self._retire_standby("training is over")
+                self._retire("training is over")
             return
-        # A PS change in progress is a recovery too (it restarts PS processes).
-        recovering = self._recovering() or self.migrator.active is not None
         if self._standby is None and standby_due(
-            time.monotonic(), self._standby_due, self.global_step > 0, recovering
+            time.monotonic(), self._due, training_started, recovering
         ):
-            self._start_standby()
+            self._start()
 
-    def _start_standby(self) -> None:
-        node_id = self.nodes.reserve_standby_id()
-        group = self.spec.ps
+    def _start(self) -> None:
+        node_id = self._nodes.reserve_standby_id()
+        group = self._spec.ps
         node = Node(type="ps", rank=STANDBY_RANK, id=node_id, memory_mb=group.memory_mb)
         node.cpu = group.cpu
-        inherited = os.environ if self.platform.inherits_master_env else None
-        env = node_env(self.spec, self.runtime, node, {}, inherited)
+        inherited = os.environ if self._platform.inherits_master_env else None
+        env = node_env(self._spec, self._runtime, node, {}, inherited)
         env.pop("TF_CONFIG", None)  # given with the promotion
-        log_path = os.path.join(self.runtime.run_dir, "logs", f"ps-standby.{node_id}.log")
-        spec = launch_spec(self.spec, node, env, log_path)
+        log_path = os.path.join(self._runtime.run_dir, "logs", f"ps-standby.{node_id}.log")
+        spec = launch_spec(self._spec, node, env, log_path)
         spec = dataclasses.replace(spec, command=(sys.executable, "-m", STANDBY_MODULE))
         self._standby = Standby(node_id, log_path, group.memory_mb, group.cpu)
-        self.store.put(JOB_TABLE, STANDBY_RECORD_KEY, str(node_id).encode())
-        self.platform.launch(spec)
+        self._store.put(JOB_TABLE, STANDBY_RECORD_KEY, str(node_id).encode())
+        self._platform.launch(spec)
         self._emit("ps_standby", f"standby PS started (id {node_id})", reason="started", id=node_id)
 
-    def _standby_ready(self, key: bytes, value: bytes) -> None:
+    def on_kv(self, key: bytes, value: bytes) -> None:
         """KV listener: the standby says TensorFlow is loaded."""
         s = self._standby
         if s is not None and key == ps_standby_key(s.id, "ready") and not s.ready_at:
             s.ready_at = float(value)
             self._emit("ps_standby", f"standby PS ready (id {s.id})", reason="ready", id=s.id)
 
-    def _promote_standby(
-        self, node_type: str, rank: int, relaunches: int, memory_mb: int, cpu: float
-    ) -> Node | None:
+    def promote(self, start: NodeStart) -> Node | None:
         """The standby becomes the next incarnation of (type, rank), with that task's
         TF_CONFIG; None (and nothing done) when there is no standby that may."""
+        node_type, rank = start.node_type, start.rank
         if node_type != "ps":
             return None
         s = self._standby
-        current = self.nodes.current(node_type, rank)
-        memory_mb = memory_mb or self.spec.ps.memory_mb
-        cpu = cpu or self.spec.ps.cpu
-        enforced = self.platform.enforces_resources
+        current = self._nodes.current(node_type, rank)
+        memory_mb = start.memory_mb or self._spec.ps.memory_mb
+        cpu = start.cpu or self._spec.ps.cpu
+        enforced = self._platform.enforces_resources
         if not may_replace(s, current, memory_mb, cpu, enforced) or not (
-            self.platform.can_stand_in(s.id, node_type, rank)
+            self._platform.can_stand_in(s.id, node_type, rank)
         ):
             if s is not None and current is not None and current.id >= s.id:
                 # Older than the PS it would replace (e.g. after a PS count change): a new
                 # standby, with a newer id, takes its place.
-                self._retire_standby(f"older than {current.name} (id {current.id})")
+                self._retire(f"older than {current.name} (id {current.id})")
             return None
         try:
-            self.platform.take_over(s.id, node_type, rank)
+            self._platform.take_over(s.id, node_type, rank)
         except PlatformError as e:
             log.warning("the standby PS cannot take over %s-%d: %s", node_type, rank, e)
-            self._retire_standby(str(e))
+            self._retire(str(e))
             return None
         self._standby = None
-        self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
-        node = self.nodes.promote_standby(s.id, node_type, rank, relaunches, memory_mb)
+        self._due = time.monotonic() + RESPAWN_DELAY_SECONDS
+        node = self._nodes.promote_standby(s.id, node_type, rank, start.relaunches, memory_mb)
         node.cpu = cpu
-        address = self._address(node_type, rank)
-        config = tf_config(self.tf_cluster(), node_type, rank)
-        self.kv.set(ps_standby_key(s.id, "promote"), promotion_message(config, node.id))
-        self.nodes.mark_running(node.id, address, s.log_path, self.platform.handle(node.id))
-        self._mark_phase("ps_started", standby=True)
-        self._save_runtime()
+        address = self._cluster.address(node_type, rank)
+        config = tf_config(self._cluster.tf_cluster(), node_type, rank)
+        self._kv.set(ps_standby_key(s.id, "promote"), promotion_message(config, node.id))
+        self._nodes.mark_running(node.id, address, s.log_path, self._platform.handle(node.id))
+        self._recovery.mark(RecoveryPhase.PS_STARTED, standby=True)
+        self._save()
         self._emit(
             "node_running",
             f"{node.name} (id {node.id}) promoted from the standby PS at {address}",
             node,
-            relaunches=relaunches,
+            relaunches=start.relaunches,
             memory_mb=node.memory_mb,
             standby=True,
             standby_ready=bool(s.ready_at),
         )
         return node
 
-    def _on_standby_exit(self, event: NodeEvent) -> bool:
+    def on_exit(self, event: NodeEvent) -> bool:
         """A platform event about the standby (it died before any promotion): forget it, a
         new one starts later. Whether the event was the standby's."""
         s = self._standby
         if s is None or event.id != s.id:
             return False
         self._standby = None
-        self._standby_due = time.monotonic() + RESPAWN_DELAY_SECONDS
+        self._due = time.monotonic() + RESPAWN_DELAY_SECONDS
         self._emit(
             "ps_standby",
             f"standby PS (id {s.id}) ended with exit code {event.exit_code}",
@@ -244,26 +243,26 @@ class PSStandbyMixin:
         )
         return True
 
-    def _retire_standby(self, why: str) -> None:
+    def _retire(self, why: str) -> None:
         s, self._standby = self._standby, None
         if s is None:
             return
-        self.kv.set(ps_standby_key(s.id, "promote"), retire_message())
-        self.platform.stop_node(s.id, 5.0)
+        self._kv.set(ps_standby_key(s.id, "promote"), retire_message())
+        self._platform.stop_node(s.id, 5.0)
         self._emit(
             "ps_standby", f"standby PS (id {s.id}) retired: {why}", reason="retired", id=s.id
         )
 
-    def _resume_standby(self) -> None:
+    def resume(self) -> None:
         """A restarted master: the previous one's standby is not adopted; it is told to end
         (it may still be waiting) and its id is never handed out again."""
         # The restarted master may be carrying on a recovery it has no timeline of.
-        self._standby_due = time.monotonic() + RESUME_DELAY_SECONDS
-        raw = self.store.get(JOB_TABLE, STANDBY_RECORD_KEY)
+        self._due = time.monotonic() + RESUME_DELAY_SECONDS
+        raw = self._store.get(JOB_TABLE, STANDBY_RECORD_KEY)
         if raw is None:
             return
         old = int(raw)
-        self.nodes.skip_ids_below(old + 1)
-        if self.nodes.get(old) is None:  # never promoted
-            self.nodes.allow_standby_id(old)
-            self.kv.set(ps_standby_key(old, "promote"), retire_message())
+        self._nodes.skip_ids_below(old + 1)
+        if self._nodes.get(old) is None:  # never promoted
+            self._nodes.allow_standby_id(old)
+            self._kv.set(ps_standby_key(old, "promote"), retire_message())

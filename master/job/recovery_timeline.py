@@ -5,35 +5,53 @@ phase is stamped once, in wall time, as the master learns of it: the PS's end de
 replacement PS started (a new process, or a standby promoted), the PS serving (its own report),
 the chief's new session made and the model restored (its restore report), workers told (the
 chief announced its session; waiting workers wake on it), the first step after the restore.
-`RecoveryTimelineMixin` is the part of `JobMaster` that stamps them and emits the `recovery`
-event when training has resumed.
+`RecoveryTracker` is the part of the job that stamps them and emits the `recovery` event when
+training has resumed.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from master.client import CHIEF_SESSION_KEY, PS_SERVING_KEY
+from master.job.events import Emit
 
 log = logging.getLogger(__name__)
 
-# The phases in the order they happen (a migration adds its pause and checkpoint first).
-PHASES = (
-    "paused",  # migration: workers stopped at a step boundary
-    "checkpointed",  # migration: the chief's checkpoint made on request
-    "detected",  # the old PS's end seen by the master
-    "ps_started",  # a replacement PS process launched, or a standby promoted
-    "ps_serving",  # the PS's gRPC server is up (reported by the PS)
-    "chief_restored",  # the chief's new session: model restored from the checkpoint
-    "workers_told",  # the chief announced that session; waiting workers go on
-    "first_step",  # a step trained after the restore
-)
+
+class RecoveryPhase(str, enum.Enum):
+    """The phases of one recovery, in the order they happen; each is stamped at most once.
+
+    A PS failure goes detected -> ps_started -> ps_serving -> chief_restored -> workers_told ->
+    first_step; a migration or a PS count change starts with paused -> checkpointed; a job
+    start may stamp only some of them. A timeline ends at first_step (or expires)."""
+
+    PAUSED = "paused"  # migration: workers stopped at a step boundary
+    CHECKPOINTED = "checkpointed"  # migration: the chief's checkpoint made on request
+    DETECTED = "detected"  # the old PS's end seen by the master
+    PS_STARTED = "ps_started"  # a replacement PS process launched, or a standby promoted
+    PS_SERVING = "ps_serving"  # the PS's gRPC server is up (reported by the PS)
+    CHIEF_RESTORED = "chief_restored"  # the chief's new session: model restored
+    WORKERS_TOLD = "workers_told"  # the chief announced that session; waiting workers go on
+    FIRST_STEP = "first_step"  # a step trained after the restore
+
+
+class RecoveryKind(str, enum.Enum):
+    """What a timeline is about: what opened it."""
+
+    PS_FAILURE = "ps_failure"
+    PS_MIGRATION = "ps_migration"
+    PS_RESIZE = "ps_resize"
+    JOB_START = "job_start"
+
+
+PHASES = tuple(p.value for p in RecoveryPhase)
 PHASE_LABELS = {
     "paused": "workers paused",
     "checkpointed": "checkpoint made",
@@ -44,10 +62,10 @@ PHASE_LABELS = {
     "workers_told": "workers told",
     "first_step": "first step",
 }
-PS_FAILURE = "ps_failure"
-PS_MIGRATION = "ps_migration"
-PS_RESIZE = "ps_resize"
-JOB_START = "job_start"
+PS_FAILURE = RecoveryKind.PS_FAILURE
+PS_MIGRATION = RecoveryKind.PS_MIGRATION
+PS_RESIZE = RecoveryKind.PS_RESIZE
+JOB_START = RecoveryKind.JOB_START
 # A timeline nobody finished (the job ended, a PS died again) is dropped after this.
 TIMELINE_EXPIRY_SECONDS = 600.0
 
@@ -56,7 +74,7 @@ TIMELINE_EXPIRY_SECONDS = 600.0
 class RecoveryTimeline:
     """The wall-clock times of one recovery's phases, from its cause (`started`)."""
 
-    kind: str
+    kind: RecoveryKind | str
     node: str  # the PS it is about, TYPE-RANK ("" for a job start)
     started: float
     phases: dict[str, float] = field(default_factory=dict)
@@ -66,11 +84,12 @@ class RecoveryTimeline:
     # the built-in PS): training runs, though the timeline waits for a restore to finish.
     stepped: bool = False
 
-    def mark(self, phase: str, at: float | None = None) -> bool:
+    def mark(self, phase: str | RecoveryPhase, at: float | None = None) -> bool:
         """Stamp `phase` (the first stamp wins); whether this one counted."""
-        if phase not in PHASES or phase in self.phases:
+        name = str(phase.value if isinstance(phase, RecoveryPhase) else phase)
+        if name not in PHASES or name in self.phases:
             return False
-        self.phases[phase] = time.time() if at is None else at
+        self.phases[name] = time.time() if at is None else at
         return True
 
     @property
@@ -92,7 +111,7 @@ class RecoveryTimeline:
     def summary(self) -> dict[str, Any]:
         """The JSON form kept in the `recovery` event's details."""
         return {
-            "recovery": self.kind,
+            "recovery": str(RecoveryKind(self.kind).value),
             "ps": self.node,
             "started": self.started,
             "seconds": self.total(),
@@ -119,35 +138,32 @@ def serving_report(value: bytes) -> tuple[int, float] | None:
         return None
 
 
-class RecoveryTimelineMixin:
-    """The part of `JobMaster` that keeps the open recovery timeline and emits it when done."""
+class RecoveryTracker:
+    """Keeps the open recovery timeline (at most one) and emits it when training resumed.
+    Thread-safe: phases are stamped from the control loop and from RPC threads."""
 
-    _emit: Callable[..., Any]
-    _timeline: RecoveryTimeline | None
-    _timeline_lock: threading.Lock
-    _chief_session: int
-
-    def _init_timelines(self) -> None:
-        self._timeline = None
-        self._timeline_lock = threading.Lock()
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self._timeline: RecoveryTimeline | None = None
+        self._lock = threading.Lock()
         self._chief_session = 0
 
-    def _open_timeline(self, kind: str, node: str, started: float | None = None) -> None:
+    def open(self, kind: RecoveryKind, node: str, started: float | None = None) -> None:
         """A new recovery begins (any open one is dropped: this one supersedes it)."""
-        with self._timeline_lock:
+        with self._lock:
             self._timeline = RecoveryTimeline(
                 kind, node, time.time() if started is None else started
             )
 
-    def _recovering(self) -> bool:
+    def recovering(self) -> bool:
         """A recovery (or the job's start) has not reached its first step yet."""
-        with self._timeline_lock:
+        with self._lock:
             t = self._timeline
             return t is not None and not t.stepped and not t.expired(time.time())
 
-    def _mark_phase(self, phase: str, at: float | None = None, **facts: Any) -> None:
-        """Stamp a phase of the open timeline, if any."""
-        with self._timeline_lock:
+    def mark(self, phase: RecoveryPhase, at: float | None = None, **facts: Any) -> None:
+        """Stamp a phase of the open timeline, if any (`restored_step`, `standby`: facts)."""
+        with self._lock:
             t = self._timeline
             if t is None:
                 return
@@ -160,36 +176,36 @@ class RecoveryTimelineMixin:
             if facts.get("standby"):
                 t.standby = True
 
-    def _timeline_on_kv(self, key: bytes, value: bytes) -> None:
+    def on_kv(self, key: bytes, value: bytes) -> None:
         """KV listener: a PS serving report, or the chief announcing a new session."""
         if key.startswith(PS_SERVING_KEY + b"/"):
             report = serving_report(value)
             if report is not None:
-                self._mark_phase("ps_serving", report[1])
+                self.mark(RecoveryPhase.PS_SERVING, report[1])
         elif key == CHIEF_SESSION_KEY:
             # Workers read the counter with add(0) too: only a new session counts.
             session = int(value)
-            with self._timeline_lock:
+            with self._lock:
                 newer, self._chief_session = (
                     session > self._chief_session,
                     max(session, self._chief_session),
                 )
             if newer:
-                self._mark_phase("workers_told")
+                self.mark(RecoveryPhase.WORKERS_TOLD)
 
-    def _timeline_on_restore(self, step: int) -> None:
+    def on_restore(self, step: int) -> None:
         """The chief reported its new session, with the model loaded at `step`."""
-        self._mark_phase("chief_restored", restored_step=step)
+        self.mark(RecoveryPhase.CHIEF_RESTORED, restored_step=step)
 
-    def _timeline_on_step(self, step: int) -> None:
+    def on_step(self, step: int) -> None:
         """A step was reported: the first one after the restore ends the open timeline."""
-        with self._timeline_lock:
+        with self._lock:
             t = self._timeline
             if t is not None and t.kind == JOB_START and step > 0:
                 t.stepped = True
             if t is None or t.restored_step is None or step <= t.restored_step:
                 return
-            t.mark("first_step")
+            t.mark(RecoveryPhase.FIRST_STEP)
             self._timeline = None
         summary = t.summary()
-        self._emit("recovery", format_timeline(summary), reason=t.kind, **summary)
+        self._emit("recovery", format_timeline(summary), reason=summary["recovery"], **summary)

@@ -1,29 +1,30 @@
 """Changing how many workers or evaluators run: by request (`dlrover scale`) or the autoscaler.
 
 The pure part: `check_scale_request` (which requests are refused, and why) and `plan_scale`
-(which ranks start and which stop). `ScalingMixin` is the part of `JobMaster` that applies
-them in its control loop, together with the autoscaler's decisions (master.job.autoscaler
-decides; the job acts). A PS count change is a PS change instead (master.job.ps_change)."""
+(which ranks start and which stop). `Scaler` is the part of the job that applies them in its
+control loop, together with the autoscaler's decisions (master.job.autoscaler decides; the job
+acts). A PS count change is a PS change instead (master.job.ps_change)."""
 
 from __future__ import annotations
 
 import json
 import queue
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
+from master.config import JobSpec
 from master.job.autoscale_policy import MIGRATE_PS, SCALE_WORKERS
 from master.job.autoscaler import EVENT_KIND, Autoscaler
-from master.job.model import JobState, NodeStart, ScaleResult
+from master.job.cluster import Cluster
+from master.job.events import Emit
+from master.job.lifecycle import NodeLifecycle
+from master.job.migration import PSMigrator
+from master.job.model import NodeStart, ScaleResult
+from master.nodes.manager import NodeManager
 from master.nodes.model import Node
+from master.state.api import StateStore
 from master.state.job_record import JOB_TABLE
-
-if TYPE_CHECKING:
-    from master.config import JobSpec
-    from master.job.migration import PSMigrator
-    from master.nodes.manager import NodeManager
-    from master.state.api import StateStore
 
 SCALABLE_TYPES = ("worker", "evaluator")
 MAX_REPLICAS = 1024
@@ -81,42 +82,66 @@ def plan_scale(node_type: str, previous: int, replicas: int, nodes: Iterable[Nod
     return ScalePlan(node_type != "evaluator", tuple(launch), tuple(stop))
 
 
-class ScalingMixin:
-    """The part of `JobMaster` that applies scale requests and the autoscaler's decisions."""
+class Scaler:
+    """Applies scale requests (queued from RPC threads) and the autoscaler's decisions in the
+    control loop; a request's caller waits on its future."""
 
-    state: JobState
-    store: StateStore
-    nodes: NodeManager
-    migrator: PSMigrator
-    autoscaler: Autoscaler | None
-    cluster_version: int
-    _replicas: dict[str, int]
-    _scale_requests: queue.SimpleQueue[tuple]
-    _emit: Callable[..., Any]
-    _launch: Callable[..., Node]
-    _stop_node: Callable[[Node], None]
-    _save_runtime: Callable[[], None]
+    def __init__(
+        self,
+        spec: JobSpec,
+        store: StateStore,
+        nodes: NodeManager,
+        cluster: Cluster,
+        lifecycle: NodeLifecycle,
+        migrator: PSMigrator,
+        autoscaler: Autoscaler | None,
+        job_ended: Callable[[], bool],
+        emit: Emit,
+        save: Callable[[], None],
+    ) -> None:
+        self._spec = spec
+        self._store = store
+        self._nodes = nodes
+        self._cluster = cluster
+        self._lifecycle = lifecycle
+        self._migrator = migrator
+        self._autoscaler = autoscaler
+        self._job_ended = job_ended
+        self._emit = emit
+        self._save = save  # writes the runtime record (which holds the replicas)
+        self._requests: queue.SimpleQueue[tuple[str, int, str, Future]] = queue.SimpleQueue()
 
-    def _apply_scale_requests(self) -> None:
+    def check(self, node_type: str, replicas: int) -> None:
+        """Raise ValueError, naming what to change, if the request cannot be applied."""
+        check_scale_request(self._spec, node_type, replicas, self._cluster.replicas["chief"])
+
+    def request(self, node_type: str, replicas: int, reason: str) -> Future:
+        """Queue a checked scale request (any thread); its future ends with a ScaleResult or
+        an error."""
+        done: Future = Future()
+        self._requests.put((node_type, replicas, reason, done))
+        return done
+
+    def apply_requests(self) -> None:
+        """Control loop: apply every queued request."""
         while True:
             try:
-                node_type, replicas, reason, done = self._scale_requests.get_nowait()
+                node_type, replicas, reason, done = self._requests.get_nowait()
             except queue.Empty:
                 return
             try:
-                done.set_result(self._scale(node_type, replicas, reason))
-            except Exception as e:  # handed back to the caller of request_scale
+                done.set_result(self.scale(node_type, replicas, reason))
+            except Exception as e:  # handed back to the caller of request()
                 done.set_exception(e)
 
-    def _scale(self, node_type: str, replicas: int, reason: str) -> ScaleResult:
-        previous = self._replicas[node_type]
-        if replicas == previous or self.state.ended:
-            return ScaleResult(previous, previous, self.cluster_version)
-        plan = plan_scale(node_type, previous, replicas, self.nodes.all_current())
-        self._replicas[node_type] = replicas
-        if plan.new_cluster:
-            self.cluster_version += 1
-        self._save_runtime()
+    def scale(self, node_type: str, replicas: int, reason: str) -> ScaleResult:
+        """Run `replicas` ranks of `node_type` now (from the control loop)."""
+        previous = self._cluster.replicas[node_type]
+        if replicas == previous or self._job_ended():
+            return ScaleResult(previous, previous, self._cluster.version)
+        plan = plan_scale(node_type, previous, replicas, self._nodes.all_current())
+        self._cluster.resize(node_type, replicas, plan.new_cluster)
+        self._save()
         self._emit(
             "scale",
             f"{node_type} {previous} -> {replicas}" + (f" ({reason})" if reason else ""),
@@ -124,36 +149,37 @@ class ScalingMixin:
             node_type=node_type,
             previous=previous,
             replicas=replicas,
-            cluster_version=self.cluster_version,
+            cluster_version=self._cluster.version,
         )
         for start in plan.launch:
-            self._launch(start.node_type, start.rank, start.relaunches)
+            self._lifecycle.launch(start)
         for node in plan.stop:
-            # Its unconsumed records go back to todo when it has ended (_on_node_exit).
-            self._stop_node(node)
-        return ScaleResult(previous, replicas, self.cluster_version)
+            # Its unconsumed records go back to todo when it has ended (master.job.exits).
+            self._lifecycle.stop(node)
+        return ScaleResult(previous, replicas, self._cluster.version)
 
-    def _autoscale(self) -> None:
+    def autoscale(self) -> None:
         """Let the autoscaler sample the job, and apply what it decides (it never acts itself)."""
-        scaler = self.autoscaler
+        scaler = self._autoscaler
         d = scaler.tick() if scaler is not None else None
         if scaler is None or d is None:
             return
-        self.save_autoscale(scaler.record())
+        self._store.put(JOB_TABLE, AUTOSCALE_KEY, json.dumps(scaler.record()).encode())
         self._emit(EVENT_KIND, f"autoscale: {d.reason}", **scaler.event_details(d))
         try:
             if d.action == SCALE_WORKERS:
                 # Directly: a request would wait for this very control loop.
-                self._scale("worker", d.workers, "autoscale")
+                self.scale("worker", d.workers, "autoscale")
             elif d.action == MIGRATE_PS:
+                ps = self._cluster.replicas["ps"]
                 scaler.migration_requested(
-                    self.migrator.request(
-                        "ps", d.ps_rank, d.memory_mb, d.cpu, "autoscale", self._replicas["ps"]
-                    )
+                    self._migrator.request("ps", d.ps_rank, d.memory_mb, d.cpu, "autoscale", ps)
                 )
         except ValueError as e:  # e.g. the node ended meanwhile: the next sample decides again
             scaler.not_applied(d, e)
 
-    def save_autoscale(self, record: dict) -> None:
-        """The auto-scaler's measurements, so a restarted master does not redo them."""
-        self.store.put(JOB_TABLE, AUTOSCALE_KEY, json.dumps(record).encode())
+    def resume(self) -> None:
+        """A restarted master: the autoscaler keeps its predecessor's measurements."""
+        raw = self._store.get(JOB_TABLE, AUTOSCALE_KEY)
+        if raw is not None and self._autoscaler is not None:
+            self._autoscaler.restore(json.loads(raw))

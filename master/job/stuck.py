@@ -2,8 +2,8 @@
 
 Programs without our hooks report nothing, so the master watches what it can see: each node's
 CPU use (master.platform's `cpu_seconds`, or its heartbeats) and last log line. The pure part:
-`cpu_percent`, `is_quiet`, `likely_cause` and `stuck_verdict`; `StuckMixin` is the part of
-`JobMaster` that samples, judges once per quiet spell, and reports or fails the job."""
+`cpu_percent`, `is_quiet`, `likely_cause` and `stuck_verdict`; `StuckWatch` is the part of the
+job that samples, judges once per quiet spell, and reports or fails the job."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from master.job.exits import last_line
-from master.job.model import JobState
+from master.job.events import Emit
+from master.job.exit_plan import last_line
 from master.nodes.model import Node, NodeState
 
 if TYPE_CHECKING:
@@ -140,34 +140,41 @@ def read_last_line(path: str) -> str:
         return ""
 
 
-class StuckMixin:
-    """The part of `JobMaster` that samples node CPU and judges whether the job is stuck."""
+class StuckWatch:
+    """Samples node CPU and judges, once per quiet spell, whether the job is stuck."""
 
-    spec: JobSpec
-    state: JobState
-    nodes: NodeManager
-    platform: Platform
-    global_step: int
-    stuck_note: str
-    _training_done_at: float | None
-    _cpu_samples: dict[int, tuple[float, float]]
-    _measured_cpu: dict[int, float]
-    _cpu_sampled_at: float
-    _quiet_since: float | None
-    _quiet_step: int
-    _emit: Callable[..., Any]
-    _set_state: Callable[..., None]
-    tf_cluster: Callable[[], dict[str, list[str]]]
+    def __init__(
+        self,
+        spec: JobSpec,
+        nodes: NodeManager,
+        platform: Platform,
+        tf_cluster: Callable[[], dict[str, list[str]]],
+        emit: Emit,
+        fail: Callable[[str], None],
+    ) -> None:
+        self._spec = spec
+        self._nodes = nodes
+        self._platform = platform
+        self._tf_cluster = tf_cluster
+        self._emit = emit
+        self._fail = fail  # fails the job with a reason
+        self._cpu_samples: dict[int, tuple[float, float]] = {}  # id -> (time, cpu seconds)
+        # node id -> CPU % the platform measured; read live by the health checks.
+        self.measured_cpu: dict[int, float] = {}
+        self._sampled_at = 0.0
+        self._quiet_since: float | None = None
+        self._quiet_step = 0
+        self.note = ""  # "possibly stuck: ..." while the job looks stuck
 
     def _sample_cpu(self, now: float) -> None:
         """Each running node's CPU use since the last sample, where the platform measures it
         (a node that sends heartbeats keeps the figure they bring)."""
-        nodes = self.nodes.all_current()
-        measured = self.platform.cpu_seconds([n.id for n in nodes if n.state == NodeState.RUNNING])
+        nodes = self._nodes.all_current()
+        measured = self._platform.cpu_seconds([n.id for n in nodes if n.state == NodeState.RUNNING])
         for node in nodes:
             if node.state != NodeState.RUNNING:
                 self._cpu_samples.pop(node.id, None)
-                self._measured_cpu.pop(node.id, None)
+                self.measured_cpu.pop(node.id, None)
                 continue
             used = measured.get(node.id)
             percent = cpu_percent(self._cpu_samples.get(node.id), now, used)
@@ -175,7 +182,7 @@ class StuckMixin:
                 self._cpu_samples[node.id] = (now, used)
             if percent is None:
                 continue
-            self._measured_cpu[node.id] = percent
+            self.measured_cpu[node.id] = percent
             if not node.registered:
                 node.cpu_percent = percent
 
@@ -190,40 +197,41 @@ class StuckMixin:
                 n.cpu_percent if n.id in measured or n.registered else None,
                 read_last_line(n.log_path) if log_lines else "",
             )
-            for n in self.nodes.all_current()
+            for n in self._nodes.all_current()
             if n.state == NodeState.RUNNING
         ]
 
-    def _check_stuck(self) -> None:
+    def check(self, global_step: int, training_done: bool) -> None:
+        """Control loop: sample every CPU_SAMPLE_SECONDS; report (or fail) a quiet job."""
         now = time.monotonic()
-        if now - self._cpu_sampled_at < CPU_SAMPLE_SECONDS:
+        if now - self._sampled_at < CPU_SAMPLE_SECONDS:
             return
-        first = not self._cpu_sampled_at
-        self._cpu_sampled_at = now
+        first = not self._sampled_at
+        self._sampled_at = now
         self._sample_cpu(now)
-        timeout = self.spec.stuck_timeout_seconds
-        if first or timeout <= 0 or self._training_done_at is not None:
+        timeout = self._spec.stuck_timeout_seconds
+        if first or timeout <= 0 or training_done:
             return
         activities = self._activities()
-        if not is_quiet(activities) or self.global_step != self._quiet_step:
-            self._quiet_since, self._quiet_step = None, self.global_step
-            if self.stuck_note:
-                self.stuck_note = ""
+        if not is_quiet(activities) or global_step != self._quiet_step:
+            self._quiet_since, self._quiet_step = None, global_step
+            if self.note:
+                self.note = ""
                 self._emit("stuck_over", "the job is active again (no longer possibly stuck)")
             return
         if self._quiet_since is None:
             self._quiet_since = now - CPU_SAMPLE_SECONDS
-        if self.stuck_note or now - self._quiet_since < timeout:
+        if self.note or now - self._quiet_since < timeout:
             return  # said once per quiet spell, and not before the timeout
         activities = self._activities(log_lines=True)
-        listed = {t: len(addrs) for t, addrs in self.tf_cluster().items()}
-        cause = likely_cause(self.nodes.all_current(), listed, self.spec.worker.reserves_slots)
+        listed = {t: len(addrs) for t, addrs in self._tf_cluster().items()}
+        cause = likely_cause(self._nodes.all_current(), listed, self._spec.worker.reserves_slots)
         verdict = stuck_verdict(
-            activities, now - self._quiet_since, timeout, cause, self.spec.stuck_action
+            activities, now - self._quiet_since, timeout, cause, self._spec.stuck_action
         )
         if verdict is None:
             return
-        self.stuck_note = verdict.message.splitlines()[0]
+        self.note = verdict.message.splitlines()[0]
         self._emit("stuck", verdict.message, None, "stuck", **verdict.details)
         if verdict.fail:
-            self._set_state(JobState.FAILED, verdict.message.splitlines()[0])
+            self._fail(verdict.message.splitlines()[0])

@@ -6,9 +6,9 @@ import json
 import statistics
 import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
-from master.nodes.model import ExitReason, Node, NodeState
+from master.nodes.model import ExitReason, GpuStat, Node, NodeState
 from master.pb import nodes_pb2
 from master.state.api import StateStore
 
@@ -18,15 +18,14 @@ STANDBY_RANK = -1
 # A node's step time is the median over its last STEP_SAMPLES_KEPT step reports of each
 # report's time per step (a median of reports, not of steps: a pause of the whole machine or a
 # wait for shards falls into one report, even one that covers many coalesced steps, and so does
-# not make a straggler), recomputed every STEP_TIME_EVERY reports.
-STEP_SAMPLES = "step_samples"
-STEP_SAMPLES_KEPT = 64
+# not make a straggler), recomputed every STEP_TIME_EVERY reports (the samples kept:
+# master.nodes.model.STEP_SAMPLES_KEPT).
 STEP_TIME_EVERY = 8
 
 
 def step_time_samples(node: Node) -> int:
     """How many timed step reports the node's step time rests on."""
-    return len(node.extra.get(STEP_SAMPLES, ()))
+    return len(node.step_samples)
 
 
 class StaleNodeError(Exception):
@@ -209,11 +208,11 @@ class NodeManager:
         node.last_heartbeat = time.monotonic()
         node.cpu_percent = stats.cpu_percent
         node.memory_rss_bytes = stats.memory_rss_bytes
-        node.extra["memory_limit_bytes"] = stats.memory_limit_bytes
-        node.extra["gpus"] = [
-            (g.index, g.utilization_percent, g.memory_used_bytes, g.memory_total_bytes)
+        node.memory_limit_bytes = stats.memory_limit_bytes
+        node.gpus = tuple(
+            GpuStat(g.index, g.utilization_percent, g.memory_used_bytes, g.memory_total_bytes)
             for g in stats.gpus
-        ]
+        )
         node.global_step = max(node.global_step, global_step)
 
     def save(self, node: Node) -> None:
@@ -237,13 +236,11 @@ class NodeManager:
         steps = max(1, steps)
         with self._lock:
             if node.steps and node.last_step_at >= self._step_clocks_from:
-                samples = node.extra.setdefault(STEP_SAMPLES, deque(maxlen=STEP_SAMPLES_KEPT))
-                samples.append((now - node.last_step_at) / steps)
-                timed = node.extra[STEP_SAMPLES + "_count"] = (
-                    node.extra.get(STEP_SAMPLES + "_count", 0) + 1
-                )
+                node.step_samples.append((now - node.last_step_at) / steps)
+                node.timed_reports += 1
+                timed = node.timed_reports
                 if timed < STEP_TIME_EVERY or timed % STEP_TIME_EVERY == 0:
-                    node.step_seconds = statistics.median(samples)
+                    node.step_seconds = statistics.median(node.step_samples)
             node.steps += steps
             node.last_step_at = now
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 
 class NodeState(str, enum.Enum):
-    """pending -> running -> succeeded | failed | deleted."""
+    """A node incarnation's state. pending -> running once the platform launched (or the
+    master adopted) it; running -> succeeded (exit 0) | deleted (stopped by the master: the
+    job's end, a scale-in, a PS change) | failed (any other end). The ended states are final:
+    a relaunch is a new incarnation with a new id."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -38,6 +42,47 @@ class ExitReason(str, enum.Enum):
 
 
 TRAINING_TYPES = ("chief", "worker")
+# A node's step time rests on the time per step of its last this many step reports.
+STEP_SAMPLES_KEPT = 64
+
+
+class Finding(str, enum.Enum):
+    """What the master's health checks found about a node (each is found once per node, and
+    read again when its exit is diagnosed)."""
+
+    HEARTBEAT_LOST = "heartbeat_lost"
+    HUNG = "hung"
+    STRAGGLER = "straggler"
+    STRAGGLER_REPLACED = "straggler_replaced"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The classified cause of a node's end, the log excerpt that shows it, and whether a
+    relaunch could help (`deterministic`: the same code would fail the same way)."""
+
+    reason: ExitReason
+    summary: str
+    excerpt: str = ""
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class ReportedExit:
+    """What a node said of its own end before it exited (its ReportExit call)."""
+
+    reason: ExitReason
+    message: str
+
+
+@dataclass(frozen=True)
+class GpuStat:
+    """One GPU of a node, from its latest heartbeat."""
+
+    index: int
+    utilization_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
 
 
 @dataclass
@@ -71,7 +116,17 @@ class Node:
     stop_cause: str = ""  # why the master stopped it (e.g. "job done"), said with its end
     # How the platform finds the running process again (e.g. its pid), for a restarted master.
     platform_handle: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
+    # What the master learns while the incarnation runs (not kept in the state store).
+    memory_limit_bytes: int = 0  # the limit its heartbeats report (0: none known)
+    gpus: tuple[GpuStat, ...] = ()
+    step_samples: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES_KEPT))
+    timed_reports: int = 0  # step reports timed so far (step_samples keeps the latest)
+    findings: set[Finding] = field(default_factory=set)
+    reported_exit: ReportedExit | None = None
+    diagnosis: Diagnosis | None = None  # why it ended, once it has
+    # The master kills this chief (a TF2 coordinator) after a PS loss and starts it again
+    # without using a relaunch.
+    coordinator_restart: bool = False
 
     @property
     def name(self) -> str:

@@ -205,9 +205,9 @@ class _JobCollector(Collector):
             rss.add_metric(key, node.memory_rss_bytes)
             if node.steps > 1:
                 step.add_metric(key, node.step_seconds)
-            for index, util, used, _total in node.extra.get("gpus", ()):
-                gpu_util.add_metric([*key, str(index)], util)
-                gpu_mem.add_metric([*key, str(index)], used)
+            for gpu in node.gpus:
+                gpu_util.add_metric([*key, str(gpu.index)], gpu.utilization_percent)
+                gpu_mem.add_metric([*key, str(gpu.index)], gpu.memory_used_bytes)
         yield from (cpu, rss, step, gpu_util, gpu_mem)
 
 

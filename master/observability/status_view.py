@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from master.job.events import INCIDENT_KINDS
+from master.nodes.model import Finding
 
 if TYPE_CHECKING:
     from master.job.master import JobMaster
@@ -30,7 +31,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
         incarnations[(n.type, n.rank)] = incarnations.get((n.type, n.rank), 0) + 1
     nodes = []
     for n in sorted(job.nodes.all_current(), key=lambda n: (_type_index(n.type), n.rank)):
-        diagnosis = n.extra.get("diagnosis")
+        diagnosis = n.diagnosis
         cause = n.stop_cause if n.exit_reason.value == "stopped" else ""
         note = f"stopped: {cause}" if cause else diagnosis.summary if diagnosis else ""
         nodes.append(
@@ -49,7 +50,7 @@ def status_document(job: JobMaster, telemetry: JobTelemetry | None = None) -> di
                 "memory_mb": n.memory_mb,
                 "steps": n.steps,
                 "step_seconds": round(n.step_seconds, 5),
-                "straggler": bool(n.extra.get("straggler")),
+                "straggler": Finding.STRAGGLER in n.findings,
                 "diagnosis": note,
             }
         )

@@ -20,7 +20,7 @@ from master.job.checkpoints import Checkpoint
 from master.job.master import JobMaster
 from master.job.migration import MigrationFailedError
 from master.nodes.manager import MasterResumingError, StaleNodeError
-from master.nodes.model import ExitReason, Node
+from master.nodes.model import ExitReason, Node, ReportedExit
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.rpc.rewrap import InterceptedHandlers
@@ -174,10 +174,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         node = self._node(request.node)
         if request.reason not in nodes_pb2.ExitReason.values():
             raise ValueError(f"unknown exit reason {request.reason}")
-        # Applied when the platform sees the process end (JobMaster._on_node_exit).
-        node.extra["reported_exit"] = (
-            _EXIT_REASONS.get(request.reason, ExitReason.UNKNOWN),
-            request.message[-4000:],
+        # Applied when the platform sees the process end (master.job.exits.ExitHandler).
+        node.reported_exit = ReportedExit(
+            _EXIT_REASONS.get(request.reason, ExitReason.UNKNOWN), request.message[-4000:]
         )
         return common_pb2.Empty()
 

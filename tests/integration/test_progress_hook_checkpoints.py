@@ -96,7 +96,7 @@ def test_checkpoints_are_reported_and_a_restore_takes_the_data_back(
         stats = job.sharding.stats()[0]
         assert stats.records_done == expected - BATCH, stats
         assert stats.records_done + stats.records_todo + stats.records_doing == SIZE, stats
-    assert job._chief_reports_restores  # a PS loss now waits for the chief's report
+    assert job.rollback.chief_reports_restores  # a PS loss now waits for the chief's report
     # The checkpoint saved as that session ended (step 11, older than 12) is reported too.
     assert job.sharding.snapshot_steps("ckpt") == [0, 5, 10, 11, 12]
 

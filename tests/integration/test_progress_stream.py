@@ -87,7 +87,7 @@ def test_node_end_waits_for_its_stream_before_requeueing(harness):
 
     t = threading.Thread(target=late_reports_then_close)
     t.start()
-    harness.job._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
+    harness.job.exits.handle(NodeEvent(node.type, node.rank, node.id, exit_code=-9))
     t.join()
     stats = harness.job.sharding.stats()[0]
     # The report sent after the process "died" but before its stream closed counts.
@@ -102,7 +102,7 @@ def test_reported_exit_reason_and_message_are_used_when_the_node_ends(harness):
     c = harness.client(1)
     c.report_exit(1, nodes_pb2.HARDWARE, "ECC error on GPU 0")
     node = harness.nodes[1]
-    harness.job._on_node_exit(NodeEvent(node.type, node.rank, node.id, exit_code=1))
+    harness.job.exits.handle(NodeEvent(node.type, node.rank, node.id, exit_code=1))
     ended = harness.job.nodes.get(node.id)
     assert ended.exit_reason.value == "hardware"
     assert ended.exit_message == "ECC error on GPU 0"
@@ -194,7 +194,7 @@ def test_coalesced_steps_go_out_as_one_report_and_the_rest_via_the_position_file
     stream._stop_flusher.set()
     stream._queue.put(stream._END)
     stream._future.result(timeout=5)
-    harness.job._on_node_exit(
+    harness.job.exits.handle(
         NodeEvent(
             node.type,
             node.rank,
@@ -390,7 +390,7 @@ def test_a_coordinator_restarted_for_a_ps_loss_keeps_the_reports_still_on_its_st
 
         t = threading.Thread(target=report_on_the_wire_then_die)
         t.start()
-        job._on_node_exit(NodeEvent("ps", 0, ps.id, exit_code=-9))
+        job.exits.handle(NodeEvent("ps", 0, ps.id, exit_code=-9))
         t.join()
         assert job.nodes.get(chief.id).state.ended  # restarted for the PS loss
         assert (replies[0].applied, replies[0].stale) == (2, 0)  # both reports on it counted

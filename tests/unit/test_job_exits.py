@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from master.config import parse_job_spec
-from master.job.diagnosis import Diagnosis
-from master.job.exits import (
+from master.job.exit_plan import (
     STARTUP_WINDOW_SECONDS,
     DataRecovery,
     diagnose_node_exit,
@@ -15,8 +14,8 @@ from master.job.exits import (
     ps_loss_recovery,
     relaunch_decision,
 )
-from master.job.health import HEARTBEAT_LOST, HUNG, STRAGGLER_REPLACED
-from master.nodes.model import ExitReason, Node, NodeState
+from master.job.model import NodeStart
+from master.nodes.model import Diagnosis, ExitReason, Finding, Node, NodeState, ReportedExit
 from master.nodes.policy import Action
 from master.platform.api import NodeEvent
 
@@ -47,12 +46,12 @@ def _event(node: Node, exit_code: int, message: str = "", oom_killed: bool = Fal
 
 def test_the_masters_own_findings_explain_a_kill_first():
     for flag, reason in (
-        (HEARTBEAT_LOST, ExitReason.HEARTBEAT_LOST),
-        (HUNG, ExitReason.HANG),
-        (STRAGGLER_REPLACED, ExitReason.STRAGGLER),
+        (Finding.HEARTBEAT_LOST, ExitReason.HEARTBEAT_LOST),
+        (Finding.HUNG, ExitReason.HANG),
+        (Finding.STRAGGLER_REPLACED, ExitReason.STRAGGLER),
     ):
         node = Node("worker", 0, id=1, steps=10)
-        node.extra[flag] = True
+        node.findings.add(flag)
         assert diagnose_node_exit(node, _event(node, -9), job_ended=False).reason == reason
 
 
@@ -83,7 +82,7 @@ def test_a_node_stopped_by_the_master_or_after_the_job_ended_is_stopped():
 
 def test_what_the_node_reported_wins_over_the_exit_code_and_is_its_message():
     node = Node("worker", 0, id=1, steps=10)
-    node.extra["reported_exit"] = (ExitReason.HARDWARE, "ECC error on GPU 0")
+    node.reported_exit = ReportedExit(ExitReason.HARDWARE, "ECC error on GPU 0")
     event = _event(node, 1, "exit status 1")
     assert diagnose_node_exit(node, event, job_ended=False).reason == ExitReason.HARDWARE
     assert exit_message(node, event) == "ECC error on GPU 0"
@@ -176,7 +175,7 @@ def test_a_worker_that_succeeded_is_done_but_a_ps_that_exited_is_relaunched():
 
 
 def test_a_trainer_failing_soon_after_a_ps_loss_names_it_as_the_cause():
-    from master.job.exits import PS_LOSS_WINDOW_SECONDS, ps_loss_cause
+    from master.job.exit_plan import PS_LOSS_WINDOW_SECONDS, ps_loss_cause
 
     chief, worker, ps = Node("chief", 0, id=2), Node("worker", 1, id=4), Node("ps", 0, id=1)
     losses = {"ps-0": 100.0}
@@ -207,3 +206,65 @@ def test_in_a_job_without_step_reports_an_error_after_the_start_up_window_is_not
         node, _event(node, 1, TRACEBACK), False, job_reports_steps=True, now=5000.0
     )
     assert hooked.deterministic
+
+
+def _plan(node: Node, diagnosis: Diagnosis, **overrides):
+    from master.job.exit_plan import plan_exit
+
+    facts = dict(
+        ps_losses={},
+        now=1000.0,
+        to_ps_change=False,
+        training_done=False,
+        chief_reports_restores=False,
+        coordinator=None,
+        job_relaunches_used=0,
+        job_ended=False,
+    )
+    facts.update(overrides)
+    return plan_exit(node, diagnosis, SPEC, **facts)
+
+
+def test_plan_relaunches_a_failed_worker_with_its_budget():
+    worker = Node("worker", 1, id=4, relaunches=1, state=NodeState.FAILED)
+    plan = _plan(worker, _diagnosis(ExitReason.KILLED))
+    assert plan.failed and not plan.fail_job and plan.data_recovery == DataRecovery.NONE
+    assert plan.relaunch.start.relaunches == 2 and plan.relaunch.uses_budget
+    assert plan.relaunch.may_promote_standby and plan.relaunch.reason == "killed"
+    # The job's budget used up: the job fails, naming the node's last line.
+    worker.exit_message = "step 10\nsegfault somewhere"
+    spent = _plan(worker, _diagnosis(ExitReason.KILLED), job_relaunches_used=5)
+    assert spent.relaunch is None and spent.fail_job.endswith("(last log line: segfault somewhere)")
+
+
+def test_plan_leaves_a_node_a_ps_change_stopped_to_the_change():
+    ps = Node("ps", 0, id=1, state=NodeState.FAILED)
+    plan = _plan(ps, _diagnosis(ExitReason.STOPPED), to_ps_change=True)
+    assert plan.to_ps_change and plan.relaunch is None and not plan.fail_job
+    assert plan.data_recovery == DataRecovery.NONE
+
+
+def test_plan_for_a_lost_ps_moves_the_data_and_restarts_the_tf2_coordinator():
+    ps = Node("ps", 0, id=1, state=NodeState.FAILED)
+    plan = _plan(ps, _diagnosis(ExitReason.KILLED), coordinator=7, chief_reports_restores=True)
+    assert plan.data_recovery == DataRecovery.FREE_HELD_SHARDS and plan.restart_coordinator == 7
+    assert plan.relaunch.start == NodeStart("ps", 0, 1)
+    # Without a TF2 coordinator nothing is restarted; without restore reports, a rollback.
+    plain = _plan(ps, _diagnosis(ExitReason.KILLED))
+    assert plain.data_recovery == DataRecovery.ROLLBACK and plain.restart_coordinator is None
+
+
+def test_plan_restarts_a_coordinator_without_budget_and_a_ps_loss_is_not_its_fault():
+    chief = Node("chief", 0, id=7, relaunches=2, steps=5, state=NodeState.FAILED)
+    chief.coordinator_restart = True
+    diagnosis = Diagnosis(ExitReason.USER_ERROR, "user error", "Traceback", deterministic=True)
+    plan = _plan(chief, diagnosis, ps_losses={"ps-0": 990.0}, job_relaunches_used=5)
+    assert plan.cause.startswith("after ps-0 was lost") and not plan.diagnosis.deterministic
+    assert plan.relaunch.start.relaunches == 2 and not plan.relaunch.uses_budget
+    assert plan.relaunch.reason == "ps_lost" and not plan.fail_job
+
+
+def test_plan_for_a_clean_end_relaunches_nothing():
+    worker = Node("worker", 0, id=3, state=NodeState.SUCCEEDED, exit_code=0)
+    plan = _plan(worker, _diagnosis(ExitReason.SUCCEEDED), ps_losses={"ps-0": 990.0})
+    assert not plan.failed and not plan.cause and plan.relaunch is None and not plan.fail_job

@@ -106,25 +106,31 @@ class _Platform:
 
 def _fault_master(tmp_path, nodes, fault):
     """The fault-injection part of a master, over a real shard service and fake nodes."""
-    from master.job.faults import FaultInjectionMixin
+    from types import SimpleNamespace
+
+    from master.job.faults import FaultInjector, JobProgress
     from master.sharding.ledger import DatasetSpec
     from master.sharding.service import ShardingService
     from master.state.sqlite import SQLiteStateStore
 
-    class Master(FaultInjectionMixin):
-        pass
-
-    m = Master()
-    m.nodes, m.platform, m.global_step = _Nodes(nodes), _Platform(), 0
-    m.sharding = ShardingService(SQLiteStateStore(str(tmp_path / "s.sqlite")), flush_seconds=3600)
-    m.sharding.create(DatasetSpec("train", size=400, batch_size=10, records_per_shard=100))
-    m.sharding.create(DatasetSpec("eval", size=100, batch_size=10, records_per_shard=100))
-    m._faults, m._fired_faults, m._faults_waiting, m._kept_datasets = [fault], [], {}, set()
-    m.events = []
-    m._emit = lambda kind, message, *a, **k: m.events.append((kind, message))
-    m._save_runtime = m.catch_up_positions = lambda: 0
-    m._coordinator_to_restart = lambda: None
-    m.percent_done, m.elapsed = (lambda: 50.0), (lambda: 1.0)
+    sharding = ShardingService(SQLiteStateStore(str(tmp_path / "s.sqlite")), flush_seconds=3600)
+    sharding.create(DatasetSpec("train", size=400, batch_size=10, records_per_shard=100))
+    sharding.create(DatasetSpec("eval", size=100, batch_size=10, records_per_shard=100))
+    events, platform = [], _Platform()
+    injector = FaultInjector(
+        [fault],
+        _Nodes(nodes),
+        platform,
+        sharding,
+        coordinator=lambda: None,
+        catch_up_positions=lambda: 0,
+        emit=lambda kind, message, *a, **k: events.append((kind, message)),
+        save=lambda: None,
+    )
+    m = SimpleNamespace(
+        injector=injector, sharding=sharding, platform=platform, events=events, global_step=0
+    )
+    m.tick = lambda: injector.tick(lambda: JobProgress(50.0, 1.0, m.global_step))
     return m
 
 
@@ -136,15 +142,15 @@ def test_a_kill_waiting_for_a_late_trainer_keeps_its_peers_data_for_it(tmp_path)
     m = _fault_master(tmp_path, [w0, late, chief], parse_fault("worker:1@40%"))
     assert m.sharding.get_shard("train", holder=w0.id).status == ShardStatus.SHARD
     assert m.sharding.get_shard("eval", holder=chief.id).status == ShardStatus.SHARD
-    m._inject_faults()
+    m.tick()
     assert [k for k, _ in m.events] == ["fault_waiting"] and m.platform.signals == []
     # Its peer (a worker) reads "train": that is kept; the chief's "eval" is not a worker's.
-    assert m._kept_datasets == {"train"}
+    assert m.injector._kept_datasets == {"train"}
     assert m.sharding.get_shard("train", holder=chief.id).status == ShardStatus.PENDING
     assert m.sharding.get_shard("train", holder=late.id).status == ShardStatus.SHARD
     late.steps = 1  # its first step: the kill lands, and the others' asks go on
-    m._inject_faults()
-    assert m.platform.signals == [(late.id, signal.SIGKILL)] and m._kept_datasets == set()
+    m.tick()
+    assert m.platform.signals == [(late.id, signal.SIGKILL)] and m.injector._kept_datasets == set()
     assert m.sharding.get_shard("train", holder=chief.id).status == ShardStatus.SHARD
     m.sharding.close()
 
@@ -158,12 +164,12 @@ def test_a_late_trainer_that_never_steps_holds_the_others_back_for_a_bounded_tim
     w0, late = _trainer("worker", 0, 1, steps=5), _trainer("worker", 1, 2)
     m = _fault_master(tmp_path, [w0, late], parse_fault("worker:1@40%"))
     m.sharding.get_shard("train", holder=w0.id)
-    m._inject_faults()
+    m.tick()
     assert m.sharding.get_shard("train", holder=w0.id).status == ShardStatus.PENDING
     now = faults.time.monotonic()
     monkeypatch.setattr(faults.time, "monotonic", lambda: now + faults.KEEP_WORK_SECONDS + 1)
-    m._inject_faults()
-    m._inject_faults()  # said once
+    m.tick()
+    m.tick()  # said once
     said = [msg for k, msg in m.events if k == "fault_waiting"]
     assert len(said) == 2 and "the others train on without waiting for it" in said[1]
     assert m.sharding.get_shard("train", holder=w0.id).status == ShardStatus.SHARD

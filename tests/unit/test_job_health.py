@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from master.job.health import (
-    HEARTBEAT_LOST,
-    HUNG,
-    STRAGGLER,
     STRAGGLER_MIN_REPORTS,
-    STRAGGLER_REPLACED,
     hang_verdicts,
     heartbeat_verdicts,
     straggler_verdicts,
 )
-from master.nodes.manager import STEP_SAMPLES, NodeManager
-from master.nodes.model import ExitReason, Node, NodeState
+from master.nodes.manager import NodeManager
+from master.nodes.model import ExitReason, Finding, Node, NodeState
 from master.state.sqlite import SQLiteStateStore
 
 R = NodeState.RUNNING
+HEARTBEAT_LOST, HUNG = Finding.HEARTBEAT_LOST, Finding.HUNG
+STRAGGLER, STRAGGLER_REPLACED = Finding.STRAGGLER, Finding.STRAGGLER_REPLACED
 
 
 def test_a_registered_node_silent_past_the_timeout_is_killed():
@@ -34,7 +34,7 @@ def test_a_registered_node_silent_past_the_timeout_is_killed():
 
 def test_a_lost_heartbeat_is_acted_on_once():
     quiet = Node("worker", 0, id=1, state=R, registered=True, last_heartbeat=80.0)
-    quiet.extra[HEARTBEAT_LOST] = True
+    quiet.findings.add(HEARTBEAT_LOST)
     assert heartbeat_verdicts([quiet], now=100.0, timeout=15.0) == []
 
 
@@ -51,7 +51,7 @@ def test_a_trainer_holding_shards_without_a_step_is_restarted():
 def test_hang_detection_off_or_already_found():
     stuck = Node("worker", 0, id=1, state=R, last_progress=10.0)
     assert hang_verdicts([stuck], now=400.0, timeout=0.0, holding_shards={1}) == []
-    stuck.extra[HUNG] = True
+    stuck.findings.add(HUNG)
     assert hang_verdicts([stuck], now=400.0, timeout=300.0, holding_shards={1}) == []
 
 
@@ -64,7 +64,7 @@ def _trainers(*step_seconds, steps=50, reports=STRAGGLER_MIN_REPORTS):
             state=R,
             steps=steps,
             step_seconds=s,
-            extra={STEP_SAMPLES: [s] * reports},
+            step_samples=deque([s] * reports),
         )
         for i, s in enumerate(step_seconds)
     ]
@@ -103,7 +103,7 @@ def test_a_report_spanning_a_pause_of_the_whole_job_is_not_a_step_time():
     manager.restart_step_clocks(chief.last_step_at + 1.0)
     manager.note_progress(chief, steps=20)
     # The spanning report left out:
-    assert list(chief.extra[STEP_SAMPLES]) == pytest.approx([0.05, 0.05], abs=1e-3)
+    assert list(chief.step_samples) == pytest.approx([0.05, 0.05], abs=1e-3)
     chief.last_step_at -= 1.0
     manager.note_progress(chief, steps=20)
     assert chief.step_seconds == pytest.approx(0.05, abs=1e-3) and chief.steps == 81
@@ -140,7 +140,7 @@ def test_no_straggler_verdicts_when_off_too_early_or_already_found():
     assert straggler_verdicts(_trainers(0.1, 0.1, 0.5, steps=5), "report", min_steps=20) == []
     assert straggler_verdicts(_trainers(0.1, 0.12, 0.11), "report", min_steps=20) == []
     found = _trainers(0.1, 0.1, 0.5)
-    found[2].extra[STRAGGLER] = True
+    found[2].findings.add(STRAGGLER)
     assert straggler_verdicts(found, "report", min_steps=20) == []
 
 
@@ -200,25 +200,22 @@ def test_hang_clocks_count_from_the_end_of_a_pause_of_the_whole_job():
     assert v.node is prefetched
 
 
-def _health_master(nodes, recovering):
+def _health_monitor(nodes, recovering):
     from types import SimpleNamespace
 
-    from master.job.health import HealthMixin
+    from master.job.health import HealthMonitor
 
-    class Master(HealthMixin):
-        pass
-
-    m = Master()
-    m.spec = SimpleNamespace(
-        heartbeat_timeout_seconds=1e9, hang_timeout_seconds=15.0, stragglers="off"
+    events = []
+    monitor = HealthMonitor(
+        SimpleNamespace(heartbeat_timeout_seconds=1e9, hang_timeout_seconds=15.0, stragglers="off"),
+        SimpleNamespace(all_current=lambda: list(nodes), restart_step_clocks=lambda now: None),
+        SimpleNamespace(holders=lambda: {n.id for n in nodes}),
+        measured_cpu={},
+        recovering=recovering,
+        kill=lambda node: events.append(("killed", node.name)),
+        emit=lambda kind, message, *a, **k: events.append((kind, message)),
     )
-    m.nodes = SimpleNamespace(all_current=lambda: list(nodes), restart_step_clocks=lambda now: None)
-    m.sharding = SimpleNamespace(holders=lambda: {n.id for n in nodes})
-    m._recovering, m._hang_clock_from, m._measured_cpu = recovering, 0.0, {}
-    m._stragglers_checked_at, m.events = 0.0, []
-    m._emit = lambda kind, message, *a, **k: m.events.append((kind, message))
-    m._kill_node = lambda node: m.events.append(("killed", node.name))
-    return m
+    return monitor, events
 
 
 def test_trainers_waiting_for_the_jobs_start_or_a_ps_recovery_are_not_hung(monkeypatch):
@@ -230,25 +227,36 @@ def test_trainers_waiting_for_the_jobs_start_or_a_ps_recovery_are_not_hung(monke
     w0 = Node("worker", 0, id=1, state=R, last_progress=5.0)
     chief = Node("chief", 0, id=2, state=R, last_progress=5.0)
     recovering = [True]
-    m = _health_master([w0, chief], lambda: recovering[0])
-    m._check_health()
-    assert m.events == [] and m._hang_clock_from == 20.0
+    m, events = _health_monitor([w0, chief], lambda: recovering[0])
+    m.check()
+    assert events == []
     recovering[0], chief.steps, clock[0] = False, 1, 21.3  # the first step: training runs
     chief.last_progress = 21.2
-    m._check_health()
-    assert m.events == []  # worker-0 gets a full timeout from the start's end
+    m.check()
+    assert events == []  # worker-0 gets a full timeout from the start's end
     clock[0] = 35.5
-    m._check_health()
-    assert m.events[0][0] == "hang" and "worker-0" in m.events[0][1]
-    assert m.events[1:] == [("killed", "worker-0")]
+    m.check()
+    assert events[0][0] == "hang" and "worker-0" in events[0][1]
+    assert events[1:] == [("killed", "worker-0")]
+    assert Finding.HUNG in w0.findings
 
 
 def test_a_job_no_trainer_of_which_stepped_yet_is_not_judged_hung(monkeypatch):
     from master.job import health
 
-    monkeypatch.setattr(health.time, "monotonic", lambda: 100.0)
+    clock = [100.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: clock[0])
     # No recovery timeline (no TF chief): nobody has stepped, so the job has not started.
     w0 = Node("worker", 0, id=1, state=R, last_progress=5.0)
-    m = _health_master([w0], lambda: False)
-    m._check_health()
-    assert m.events == [] and m._hang_clock_from == 100.0
+    chief = Node("chief", 0, id=2, state=R, last_progress=5.0)
+    m, events = _health_monitor([w0, chief], lambda: False)
+    m.check()
+    assert events == []
+    # The chief steps: worker-0's hang clock runs from the last look before (100 s), not 5 s.
+    chief.steps, chief.last_progress, clock[0] = 1, 114.0, 114.0
+    m.check()
+    assert events == []
+    clock[0] = 115.5
+    chief.last_progress = 115.5
+    m.check()
+    assert [kind for kind, _ in events] == ["hang", "killed"]

@@ -17,7 +17,7 @@ from master.job.checkpoint_interval import (
     interval_steps,
     worth_changing,
 )
-from master.job.exits import ended_at
+from master.job.exit_plan import ended_at
 from master.job.ps_standby import (
     MAX_DELAY_SECONDS,
     Standby,
@@ -31,7 +31,7 @@ from master.job.recovery_timeline import (
     JOB_START,
     PS_FAILURE,
     RecoveryTimeline,
-    RecoveryTimelineMixin,
+    RecoveryTracker,
     format_timeline,
     serving_report,
 )
@@ -77,10 +77,12 @@ def test_serving_report_is_parsed_or_ignored():
     assert serving_report(b"{}") is None
 
 
-class _Job(RecoveryTimelineMixin):
+class _Job:
+    """A recovery tracker and the events it emits."""
+
     def __init__(self) -> None:
         self.events: list[tuple[str, str, dict]] = []
-        self._init_timelines()
+        self.tracker = RecoveryTracker(self._emit)
 
     def _emit(self, kind, message, node=None, reason="", **details):
         self.events.append((kind, message, details))
@@ -89,18 +91,18 @@ class _Job(RecoveryTimelineMixin):
 def test_a_recovery_ends_at_the_first_step_after_the_restore_and_is_emitted_once():
     job = _Job()
     t0 = time.time()
-    job._open_timeline(PS_FAILURE, "ps-0", started=t0)
-    job._mark_phase("detected", t0 + 0.01)
-    job._mark_phase("ps_started", t0 + 0.02, standby=True)
+    job.tracker.open(PS_FAILURE, "ps-0", started=t0)
+    job.tracker.mark("detected", t0 + 0.01)
+    job.tracker.mark("ps_started", t0 + 0.02, standby=True)
     serving = json.dumps({"node_id": 5, "at": t0 + 0.3}).encode()
-    job._timeline_on_kv(ps_serving_key(0), serving)
-    job._timeline_on_step(900)  # a late report from before the restore: no restore yet
-    job._timeline_on_restore(500)
-    job._timeline_on_kv(CHIEF_SESSION_KEY, b"2")
-    job._timeline_on_kv(CHIEF_SESSION_KEY, b"2")  # a worker reading the counter
-    job._timeline_on_step(500)  # not past the restored step
-    job._timeline_on_step(501)
-    job._timeline_on_step(502)
+    job.tracker.on_kv(ps_serving_key(0), serving)
+    job.tracker.on_step(900)  # a late report from before the restore: no restore yet
+    job.tracker.on_restore(500)
+    job.tracker.on_kv(CHIEF_SESSION_KEY, b"2")
+    job.tracker.on_kv(CHIEF_SESSION_KEY, b"2")  # a worker reading the counter
+    job.tracker.on_step(500)  # not past the restored step
+    job.tracker.on_step(501)
+    job.tracker.on_step(502)
     assert [e[0] for e in job.events] == ["recovery"]
     details = job.events[0][2]
     assert details["recovery"] == PS_FAILURE and details["standby"] is True
@@ -120,35 +122,35 @@ def test_a_job_start_without_a_restore_report_ends_its_recovery_at_the_first_ste
     # Trainers on the built-in PS without a TF chief (a custom loop) never report a restore:
     # their first step still means training runs, so the first standby need not wait.
     job = _Job()
-    job._open_timeline(JOB_START, "")
-    assert job._recovering()
-    job._timeline_on_step(0)
-    assert job._recovering()
-    job._timeline_on_step(1)
-    assert not job._recovering()
+    job.tracker.open(JOB_START, "")
+    assert job.tracker.recovering()
+    job.tracker.on_step(0)
+    assert job.tracker.recovering()
+    job.tracker.on_step(1)
+    assert not job.tracker.recovering()
     assert job.events == []  # no restore: nothing to time
     # A PS failure is a recovery until the step past its restore, whatever was stepped before.
-    job._open_timeline(PS_FAILURE, "ps-0")
-    job._timeline_on_step(40)
-    assert job._recovering()
-    job._timeline_on_restore(30)
-    job._timeline_on_step(31)
-    assert not job._recovering()
+    job.tracker.open(PS_FAILURE, "ps-0")
+    job.tracker.on_step(40)
+    assert job.tracker.recovering()
+    job.tracker.on_restore(30)
+    job.tracker.on_step(31)
+    assert not job.tracker.recovering()
 
 
 def test_a_stale_timeline_is_dropped():
     job = _Job()
-    job._open_timeline(PS_FAILURE, "ps-0", started=time.time() - 3600)
-    job._timeline_on_restore(3)
-    job._timeline_on_step(4)
+    job.tracker.open(PS_FAILURE, "ps-0", started=time.time() - 3600)
+    job.tracker.on_restore(3)
+    job.tracker.on_step(4)
     assert job.events == []
 
 
 def test_no_timeline_open_means_nothing_is_stamped():
     job = _Job()
-    job._mark_phase("detected")
-    job._timeline_on_restore(3)
-    job._timeline_on_step(4)
+    job.tracker.mark("detected")
+    job.tracker.on_restore(3)
+    job.tracker.on_step(4)
     assert job.events == []
 
 
