@@ -39,7 +39,9 @@ import tempfile
 import time
 from array import array
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import Child, CpuMeter, percentile, sleep_until, use_checkout
+
+use_checkout()
 
 from scale_master import READY_TIMEOUT_S, master_main, serve_rendezvous  # noqa: E402
 from scale_nodes import (  # noqa: E402
@@ -52,7 +54,6 @@ from scale_nodes import (  # noqa: E402
     SimPlan,
     sim_main,
 )
-from sharding import _Child, _CpuMeter, _sleep_until, percentile  # noqa: E402
 
 log = logging.getLogger("bench.scale")
 
@@ -77,7 +78,7 @@ RESULT_GRACE_S = 120.0
 # -- one N --------------------------------------------------------------------------------------
 
 
-def _ask(child: _Child, request: str, what: str) -> tuple:
+def _ask(child: Child, request: str, what: str) -> tuple:
     child.conn.send(request)
     return child.recv(60, what)
 
@@ -109,10 +110,10 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
     """Simulate `n` workers (and their PS) against a fresh master; the figures of this N."""
     ps = max(1, n // PS_PER_WORKERS)
     coalesce = 0.0 if args.progress == "per-step" else COALESCE_SECONDS
-    children: list[_Child] = []
+    children: list[Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
-            master = _Child(
+            master = Child(
                 ctx, "master", master_main, tmp, n, ps, args.heartbeat_timeout, args.server
             )
             children.append(master)
@@ -138,18 +139,18 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
                     args.shard_asks == "stream",
                     args.indices == "node",
                 )
-                sims.append(_Child(ctx, f"sim-{i}", sim_main, plan))
+                sims.append(Child(ctx, f"sim-{i}", sim_main, plan))
             children.extend(sims)
             for sim in sims:
                 sim.recv(READY_TIMEOUT_S, "registering nodes")
             start_at = time.monotonic() + START_MARGIN_S
             for sim in sims:
                 sim.conn.send(start_at)
-            meter = _CpuMeter(master, sims)
+            meter = CpuMeter(master, sims)
             begin = start_at + args.warmup
-            _sleep_until(begin)
+            sleep_until(begin)
             cpu0, own0 = meter.sample(), _ask(master, "cpu", "reading its CPU")
-            _sleep_until(begin + args.seconds)
+            sleep_until(begin + args.seconds)
             cpu1, own1 = meter.sample(), _ask(master, "cpu", "reading its CPU")
             results = [
                 sim.recv(args.seconds + args.warmup + RESULT_GRACE_S, "simulating") for sim in sims
@@ -253,7 +254,7 @@ def run_scale(n: int, args: argparse.Namespace, ctx) -> dict:
         "heartbeat_timeout_s": args.heartbeat_timeout,
         "false_lost_nodes": false_lost,  # live nodes the master declared lost (too slow)
         # When the first and the median of those losses happened (seconds from the window).
-        "false_lost_at_s": [round(false_times[0], 1), round(false_times[len(false_times) // 2], 1)]
+        "false_lost_at_s": [round(false_times[0], 1), round(percentile(false_times, 50), 1)]
         if false_times
         else None,
         "nodes_failed": len(errors),
@@ -301,7 +302,7 @@ def run_rendezvous(n: int, c10d_timeout: float, ctx) -> dict:
     for name in ("dlrover_torch", "torch.distributed.elastic"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="bench-scale-rdzv-") as tmp:
-        server = _Child(ctx, "rendezvous-master", serve_rendezvous, os.path.join(tmp, "s.db"))
+        server = Child(ctx, "rendezvous-master", serve_rendezvous, os.path.join(tmp, "s.db"))
         try:
             _, port, token = server.recv(READY_TIMEOUT_S, "starting")
             ours = rdzv.measure_master(f"127.0.0.1:{port}", token, n, "scale")

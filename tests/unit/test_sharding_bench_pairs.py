@@ -1,30 +1,40 @@
-"""benchmarks/sharding.py judges the CPU ratio to the echo by the median of alternated pairs."""
+"""benchmarks/sharding.py judges the CPU ratio to the echo by the median of alternated pairs;
+the benchmarks share one percentile (benchmarks/common.py)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_sharding", os.path.join(ROOT, "benchmarks", "sharding.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    path = list(sys.path)  # the script puts its checkout and benchmarks/ first
+    """The benchmark's names the tests use, imported as `python benchmarks/sharding.py` finds
+    them (benchmarks/ first on the path); sys.path and the benchmark modules are undone after."""
+    path, before = list(sys.path), set(sys.modules)
+    sys.path.insert(0, BENCHMARKS)
     try:
-        spec.loader.exec_module(module)
-        yield module
+        sharding = importlib.import_module("sharding")
+        results = importlib.import_module("sharding_results")
+        yield SimpleNamespace(
+            Figures=importlib.import_module("sharding_phases").Figures,
+            build_results=results.build_results,
+            median_pair=results.median_pair,
+            parse_args=sharding.parse_args,
+            percentile=importlib.import_module("common").percentile,
+        )
     finally:
         sys.path[:] = path
-        del sys.modules[spec.name]
+        for name in set(sys.modules) - before:
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(BENCHMARKS + os.sep):
+                del sys.modules[name]
 
 
 def _figures(bench, cpu_us: float, rate: float = 1000.0):
@@ -68,3 +78,13 @@ def test_pairs_below_one_are_refused_with_the_flag_named(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--pairs", "0"])
     assert "--pairs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_one_percentile_for_every_benchmark(bench):
+    # The value at index floor(q/100 * n): at 50 the upper middle of an even count.
+    assert bench.percentile([1, 2, 3, 4], 50) == 3
+    assert bench.percentile([1, 2, 3], 50) == 2
+    assert bench.percentile(list(range(100)), 99) == 99
+    assert bench.percentile(list(range(1000)), 99) == 990
+    assert bench.percentile([5], 100) == 5
+    assert bench.percentile([], 50) != bench.percentile([], 50)  # nan
