@@ -25,6 +25,8 @@ import multiprocessing as mp
 import sys
 import time
 
+from common import percentile
+
 SERVICE = "bench.Busy"
 UNARY = f"/{SERVICE}/Unary"
 PINGPONG = f"/{SERVICE}/PingPong"
@@ -120,11 +122,6 @@ def _client_main(conn, port: int, kind: str, seconds: float) -> None:
     conn.send(asyncio.run(run()))
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def measure(kind: str, slice_s: float, block: str, seconds: float) -> dict:
     """One case: a fresh server and client; the client's requests/s and latency percentiles."""
     ctx = mp.get_context("spawn")
@@ -141,12 +138,13 @@ def measure(kind: str, slice_s: float, block: str, seconds: float) -> dict:
     finally:
         server_end.send("stop")
         server.join(10)
+    ordered = sorted(latencies)
     return {
         "kind": kind,
         "loop": f"busy {slice_s * 1000:g} ms slices ({block})" if slice_s > 0 else "idle",
         "requests_per_s": round(rate, 1),
-        "p50_ms": round(_percentile(latencies, 0.5), 2),
-        "p99_ms": round(_percentile(latencies, 0.99), 2),
+        "p50_ms": round(percentile(ordered, 50), 2),
+        "p99_ms": round(percentile(ordered, 99), 2),
     }
 
 

@@ -13,9 +13,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ckpt_state import make_state  # noqa: E402
+from ckpt_state import make_state
 
 GIB = 1 << 30
 

@@ -12,7 +12,8 @@ import socket
 import subprocess
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT
+
 ANCHORS = os.environ.get("DLROVER_ANCHORS", os.path.join(ROOT, ".anchors"))
 DLROVER_VERSION = "0.6.1"
 MISSING = f"no anchors environment at {ANCHORS} (make anchors builds it): DLRover not measured"

@@ -40,8 +40,9 @@ from typing import Any
 
 _START = time.perf_counter()
 import torch  # noqa: E402
+from common import use_checkout  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+use_checkout()
 
 import anchors  # noqa: E402
 from ckpt_state import make_state, state_bytes  # noqa: E402

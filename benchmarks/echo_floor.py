@@ -24,6 +24,8 @@ import socket
 import sys
 import time
 
+from common import percentile
+
 WARMUP_S = 3.0
 SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
@@ -167,13 +169,10 @@ def run(k: int, n: int, seconds: float, streams: bool, work_us: float, procs: in
     server_end.send("stop")
     latencies = sorted(x for r in results for x in r[0])
     sent = sum(r[1] for r in results)
-
-    def q(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
-
+    p50, p99 = (percentile(latencies, q) * 1000 for q in (50, 99))
     print(
         f"K={k} N={n} streams={streams} work={work_us}us: unary "
-        f"{len(latencies) / (seconds - WARMUP_S):.0f}/s p50 {q(0.5):.1f} ms p99 {q(0.99):.1f} ms; "
+        f"{len(latencies) / (seconds - WARMUP_S):.0f}/s p50 {p50:.1f} ms p99 {p99:.1f} ms; "
         f"stream msgs {sent / seconds:.0f}/s; server {(s1 - s0) / (t1 - t0):.2f} cores, "
         f"clients {(c1 - c0) / (t1 - t0):.2f}",
         flush=True,

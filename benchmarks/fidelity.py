@@ -27,9 +27,7 @@ import tempfile
 import time
 
 import yaml
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ps_recovery import Job, write_job  # noqa: E402
+from ps_recovery import Job, write_job
 
 _FINAL_LOSS = re.compile(r"final eval \[chief:0\]: global_step=(\d+) loss=([\d.]+) auc=([\d.]+)")
 SCALE_AT, MIGRATE_AT, PS_KILL_AT = 0.10, 0.30, 0.55

@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from common import cpu_seconds
+
 UNARY = "/echo.Echo/Unary"
 STREAM = "/echo.Echo/Stream"
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
@@ -134,12 +136,6 @@ def _clients(conn, port: int, n: int, mode: str, rate: float, warmup: float, sec
     asyncio.run(main())
 
 
-def _cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(kind: str, clients: int, mode: str, rate: float, seconds: float, procs: int) -> dict:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -157,9 +153,9 @@ def run(kind: str, clients: int, mode: str, rate: float, seconds: float, procs: 
         pipes.append(a)
         workers.append(w)
     time.sleep(2.0 + warmup)  # the clients start 2 s after they are up; roughly aligned
-    c0, t0 = _cpu(server.pid), time.monotonic()
+    c0, t0 = cpu_seconds(server.pid), time.monotonic()
     time.sleep(seconds)
-    c1, t1 = _cpu(server.pid), time.monotonic()
+    c1, t1 = cpu_seconds(server.pid), time.monotonic()
     messages = sum(p.recv() for p in pipes)
     for w in workers:
         w.join()

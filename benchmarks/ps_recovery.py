@@ -44,12 +44,12 @@ import tempfile
 import time
 
 import yaml
+from common import ROOT, cpu_seconds, use_checkout
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+use_checkout()
 from master.client import MasterClient, MasterError, read_token  # noqa: E402
 from master.job.recovery_timeline import PHASE_LABELS  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 POLL_SECONDS = 0.2
 JOB_CHECKPOINT_STEPS = 500  # the example's save_checkpoints_steps
@@ -173,9 +173,9 @@ def _standby_cost(run_dir: str, seconds: float = 2.0) -> dict | None:
     if pid is None:
         return None
     try:
-        cpu0 = _cpu_seconds(pid)
+        cpu0 = cpu_seconds(pid)
         time.sleep(seconds)
-        cpu1 = _cpu_seconds(pid)
+        cpu1 = cpu_seconds(pid)
         with open(f"/proc/{pid}/status") as f:
             rss_kb = int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
     except (OSError, StopIteration):
@@ -201,12 +201,6 @@ def _find_process(run_dir: str, module: str) -> int | None:
         except OSError:
             continue
     return None
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_standby_ready(job: Job, timeout: float = 120.0) -> float | None:

@@ -31,7 +31,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import use_checkout
+
+use_checkout()
 os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 import torch.distributed as dist  # noqa: E402

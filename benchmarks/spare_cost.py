@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT
+
 SCRIPT = os.path.join(ROOT, "examples", "torch", "train.py")
 RUN = os.path.join(os.path.dirname(sys.executable), "dlrover-run")
 

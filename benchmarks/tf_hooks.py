@@ -37,8 +37,8 @@ import sys
 import tempfile
 
 import yaml
+from common import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 TARGET_RATIO = 0.95
 _TRAINED = re.compile(

@@ -37,8 +37,8 @@ import tempfile
 import time
 
 import anchors
+from common import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "torch", "train.py")
 BIN = os.path.dirname(sys.executable)
 POLL_SECONDS = 0.02
