@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from string import Template
 from typing import Any
@@ -28,6 +28,15 @@ from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 
 from dlrover_torch import priority
 from dlrover_torch.hang import HangConfig, HangDetector
+from dlrover_torch.membership import (
+    NEW_NODES_STOP_REASON,
+    FailureFacts,
+    FailureStep,
+    FailureVerdict,
+    RestartKind,
+    failure_verdict,
+    restart_verdict,
+)
 from dlrover_torch.preload import DEFAULT_PRELOAD
 from dlrover_torch.progress import ENV_PROGRESS_FILE
 from dlrover_torch.reporting import AgentReporter
@@ -300,7 +309,9 @@ class DLRoverElasticAgent(LocalElasticAgent):
         elif result.state == WorkerState.FAILED:
             ranks = sorted(result.failures)
             codes = [result.failures[r].exitcode for r in ranks]
-            if self._caused_by_membership_change(worker_group, codes):
+            verdict = self._failure_verdict(worker_group, codes)
+            log.debug("worker failure: %s (%s)", verdict.step.value, verdict.reason)
+            if verdict.step is FailureStep.MEMBERSHIP_CHANGE:
                 # Another node restarted first or a node was lost: re-rendezvous like a
                 # membership change (torch's loop does so when the group looks healthy and
                 # nodes are waiting), without spending a restart of this node.
@@ -333,60 +344,44 @@ class DLRoverElasticAgent(LocalElasticAgent):
             log.debug("failure counter unavailable: %s", e)
             return False
 
-    def _caused_by_membership_change(self, worker_group: WorkerGroup, codes: list[int]) -> bool:
-        """Whether a local failure followed a peer node's restart or loss, not a local fault.
-
-        A local worker killed by a signal (other than the agent's own SIGTERM) is a local fault.
-        Otherwise the workers may have died of a broken connection to a peer: wait briefly for
-        the rendezvous to show a node waiting (a peer agent restarting its group re-joins at
-        once); the first node of the round to report a failure waits less, so it is the one
-        charged when nobody re-joins. When no restart is left, also wait out the lease so a lost
-        node shows up.
-        """
-        if not worker_group.group_world_size or worker_group.group_world_size < 2:
-            return False
-        first = self._first_to_fail(worker_group)  # counted also when the verdict is clear
-        if any(c < 0 and c != -signal.SIGTERM for c in codes):
-            return False
-        # The first node to report waits less than the others before it counts the failure as
-        # its own, so exactly one node spends a restart even when a node killed by a signal
-        # (which re-joins at once) reported second.
-        wait = self.config.membership_grace_seconds
-        if not first:
-            wait += self.config.membership_grace_seconds
-        if self._remaining_restarts <= 0:
-            wait += self.config.lost_node_wait_seconds
+    def _failure_verdict(self, worker_group: WorkerGroup, codes: list[int]) -> FailureVerdict:
+        """Observes what ``failure_verdict`` asks for (the round's failure counter, the nodes
+        waiting at the rendezvous) until it decides."""
+        facts = FailureFacts(
+            group_world_size=worker_group.group_world_size,
+            exit_codes=tuple(codes),
+            remaining_restarts=self._remaining_restarts,
+        )
         handler = worker_group.spec.rdzv_handler
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
         while True:
-            if handler.num_nodes_waiting() > 0:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(MEMBERSHIP_POLL_SECONDS)
+            verdict = failure_verdict(
+                facts, self.config.membership_grace_seconds, self.config.lost_node_wait_seconds
+            )
+            if verdict.step is FailureStep.ASK_FIRST:
+                facts = replace(facts, first_to_fail=self._first_to_fail(worker_group))
+                started = time.monotonic()
+            elif verdict.step is FailureStep.POLL:
+                if facts.nodes_waiting is not None:
+                    time.sleep(MEMBERSHIP_POLL_SECONDS)
+                waiting = handler.num_nodes_waiting()
+                facts = replace(
+                    facts, nodes_waiting=waiting, waited_seconds=time.monotonic() - started
+                )
+            else:
+                return verdict
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         previous_nodes = worker_group.group_world_size
         cause = self._last_state
         if cause == WorkerState.HEALTHY:
-            self._stop_reason = "membership change: new nodes are waiting to join"
+            self._stop_reason = NEW_NODES_STOP_REASON
         super()._restart_workers(worker_group)
-        now = worker_group.group_world_size
-        if cause == WorkerState.FAILED and previous_nodes and now < previous_nodes:
-            # The failure came with the loss of a node: a membership change, not a fault here.
+        verdict = restart_verdict(cause, previous_nodes, worker_group.group_world_size)
+        if verdict.refund:
             self._remaining_restarts += 1
-            self.reporter.event(
-                "membership",
-                f"continuing with {now} of {previous_nodes} nodes; the restart after losing "
-                "a node does not count against --max-restarts",
-                group_rank=worker_group.group_rank,
-            )
-        elif cause == WorkerState.HEALTHY:
-            self.reporter.event(
-                "membership",
-                f"re-rendezvous for new nodes: now {now} nodes (was {previous_nodes})",
-                group_rank=worker_group.group_rank,
-            )
+        if verdict.kind is not RestartKind.FAULT:
+            self.reporter.event("membership", verdict.reason, group_rank=worker_group.group_rank)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         if self._stop_reason is None:
