@@ -22,16 +22,15 @@ from master.client.tls import ServerTLS
 from master.job.master import JobMaster
 from master.pb import data_pb2
 from master.rpc.aio_blocking import AioKVServicer, AioRendezvousServicer
+from master.rpc.guard import MAX_WAIT_MS, answer_error
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.rpc.rewrap import InterceptedHandlers
 from master.rpc.server import (
-    MAX_WAIT_MS,
     MasterServicer,
     ProgressStreamState,
     TokenInterceptor,
     add_services,
     bind_port,
-    error_status,
     server_options,
 )
 from master.sharding.group_commit import GroupCommitter
@@ -39,14 +38,6 @@ from master.sharding.group_commit import GroupCommitter
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_SECONDS = 30.0
-
-
-async def _answer_error(context: grpc.ServicerContext, error: Exception) -> None:
-    """Answer a domain error with its status; a bug is raised."""
-    status = error_status(error)
-    if status is None:
-        raise error
-    await context.abort(*status)
 
 
 class AioMasterServicer(MasterServicer):
@@ -72,7 +63,7 @@ class AioMasterServicer(MasterServicer):
             if error is not None:
                 raise error
         except Exception as e:
-            await _answer_error(context, e)
+            await answer_error(context, e)
         return result
 
     async def Heartbeat(self, request, context):  # noqa: N802
@@ -94,7 +85,7 @@ class AioMasterServicer(MasterServicer):
                 None, MasterServicer.GetShard.__wrapped__, self, request, context
             )
         except Exception as e:
-            await _answer_error(context, e)
+            await answer_error(context, e)
 
     async def ShardStream(self, request_iterator: AsyncIterator, context):  # noqa: N802
         async for request in request_iterator:
@@ -121,7 +112,7 @@ class AioMasterServicer(MasterServicer):
             if failure is not None:
                 raise failure
         except Exception as e:
-            await _answer_error(context, e)
+            await answer_error(context, e)
         finally:
             stream.close()
         return stream.reply()

@@ -1,4 +1,4 @@
-"""Maps the domain errors of the torch-facing services to gRPC status codes."""
+"""Maps the domain errors of every servicer (Master, Rendezvous, KV) to gRPC status codes."""
 
 from __future__ import annotations
 
@@ -8,31 +8,71 @@ from collections.abc import Callable
 
 import grpc
 
+from master.job.migration import MigrationFailedError
 from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.pb import common_pb2
 from master.rendezvous.rounds import StaleRoundError
+from master.sharding.ledger import BadReportError, StaleShardError
+from master.sharding.service import DatasetConflictError, UnknownDatasetError
 
 log = logging.getLogger(__name__)
 
 NodeCheck = Callable[[common_pb2.NodeRef], None]
 MAX_WAIT_MS = 60_000
+# Status details travel in trailing metadata, which gRPC caps at 8 KiB by default.
+MAX_DETAIL_CHARS = 1_000
+
+
+def _detail(error: Exception) -> str:
+    """The error's message, cut short: it may echo a huge field of the request back."""
+    text = str(error)
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    return f"{text[:MAX_DETAIL_CHARS]}... ({len(text):,} characters in all)"
+
+
+def error_status(error: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The status a domain error is answered with; None for an error that is a bug."""
+    if isinstance(error, MasterResumingError):
+        return grpc.StatusCode.UNAVAILABLE, str(error)  # clients retry UNAVAILABLE
+    if isinstance(error, (StaleNodeError, StaleRoundError, StaleShardError)):
+        return grpc.StatusCode.FAILED_PRECONDITION, _detail(error)
+    if isinstance(error, UnknownDatasetError):
+        return grpc.StatusCode.NOT_FOUND, _detail(error).strip("'\"")
+    if isinstance(error, DatasetConflictError):
+        return grpc.StatusCode.ALREADY_EXISTS, _detail(error)
+    if isinstance(error, (BadReportError, ValueError)):
+        return grpc.StatusCode.INVALID_ARGUMENT, _detail(error)
+    if isinstance(error, MigrationFailedError):
+        return grpc.StatusCode.ABORTED, _detail(error)
+    if isinstance(error, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time"
+    return None
 
 
 def guard(method: Callable) -> Callable:
-    """Stale identities and rounds become FAILED_PRECONDITION, bad input INVALID_ARGUMENT."""
+    """A sync servicer method whose domain errors are answered with their status
+    (`error_status`), so bad requests never crash the master; a bug is raised."""
 
     @functools.wraps(method)
     def wrapper(self: object, request: object, context: grpc.ServicerContext) -> object:
         try:
             return method(self, request, context)
-        except MasterResumingError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))  # clients retry UNAVAILABLE
-        except (StaleNodeError, StaleRoundError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:
+            status = error_status(e)
+            if status is None:
+                raise
+            context.abort(*status)
 
     return wrapper
+
+
+async def answer_error(context: grpc.aio.ServicerContext, error: Exception) -> None:
+    """On the aio server: answer a domain error with its status; a bug is raised."""
+    status = error_status(error)
+    if status is None:
+        raise error
+    await context.abort(*status)
 
 
 def check_wait_ms(wait_ms: int) -> float:

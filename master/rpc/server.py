@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import hmac
 import logging
 import socket
@@ -18,20 +17,17 @@ from master.client import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY
 from master.client.tls import ServerTLS
 from master.job.checkpoints import Checkpoint
 from master.job.master import JobMaster
-from master.job.migration import MigrationFailedError
 from master.nodes.manager import MasterResumingError, StaleNodeError
 from master.nodes.model import ExitReason, Node, ReportedExit
 from master.pb import cluster_pb2, common_pb2, data_pb2, master_pb2_grpc, nodes_pb2
+from master.rpc.guard import check_wait_ms, guard
 from master.rpc.ratelimit import DEFAULT_RATE_PER_SECOND, RateLimitInterceptor, TokenBuckets
 from master.rpc.rewrap import InterceptedHandlers
-from master.sharding.ledger import BadReportError, DatasetSpec, StaleShardError
-from master.sharding.service import DatasetConflictError, ShardStatus, UnknownDatasetError
+from master.sharding.ledger import DatasetSpec, StaleShardError
+from master.sharding.service import ShardStatus
 
 log = logging.getLogger(__name__)
 
-MAX_WAIT_MS = 60_000
-# Status details travel in trailing metadata, which gRPC caps at 8 KiB by default.
-MAX_DETAIL_CHARS = 1_000
 # Calls the server may hold before a thread picks them up, per server thread (the thread count
 # grows with the job: master.cli.submit.rpc_threads); never fewer than gRPC's own default.
 PENDING_CALLS_PER_THREAD = 2
@@ -85,49 +81,6 @@ def check_node(job: JobMaster, ref: common_pb2.NodeRef) -> Node:
         raise
 
 
-def _detail(error: Exception) -> str:
-    """The error's message, cut short: it may echo a huge field of the request back."""
-    text = str(error)
-    if len(text) <= MAX_DETAIL_CHARS:
-        return text
-    return f"{text[:MAX_DETAIL_CHARS]}... ({len(text):,} characters in all)"
-
-
-def error_status(error: Exception) -> tuple[grpc.StatusCode, str] | None:
-    """The status a domain error is answered with; None for an error that is a bug."""
-    if isinstance(error, MasterResumingError):
-        return grpc.StatusCode.UNAVAILABLE, str(error)  # clients retry UNAVAILABLE
-    if isinstance(error, (StaleNodeError, StaleShardError)):
-        return grpc.StatusCode.FAILED_PRECONDITION, _detail(error)
-    if isinstance(error, UnknownDatasetError):
-        return grpc.StatusCode.NOT_FOUND, _detail(error).strip("'\"")
-    if isinstance(error, DatasetConflictError):
-        return grpc.StatusCode.ALREADY_EXISTS, _detail(error)
-    if isinstance(error, (BadReportError, ValueError)):
-        return grpc.StatusCode.INVALID_ARGUMENT, _detail(error)
-    if isinstance(error, MigrationFailedError):
-        return grpc.StatusCode.ABORTED, _detail(error)
-    if isinstance(error, TimeoutError):
-        return grpc.StatusCode.DEADLINE_EXCEEDED, "the master did not apply it in time"
-    return None
-
-
-def _guard(method: Callable) -> Callable:
-    """Map domain errors to gRPC status codes, so bad requests never crash the master."""
-
-    @functools.wraps(method)
-    def wrapper(self: MasterServicer, request: object, context: grpc.ServicerContext) -> object:
-        try:
-            return method(self, request, context)
-        except Exception as e:
-            status = error_status(e)
-            if status is None:
-                raise
-            context.abort(*status)
-
-    return wrapper
-
-
 class MasterServicer(master_pb2_grpc.MasterServicer):
     """Implements the Master service on top of a JobMaster."""
 
@@ -151,7 +104,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     # -- nodes --------------------------------------------------------------
 
-    @_guard
+    @guard
     def RegisterNode(self, request, context):  # noqa: N802 (gRPC method names)
         node = self._node(request.node)
         self.job.nodes.on_register(node)
@@ -159,7 +112,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             cluster=self._cluster(), heartbeat_interval_ms=self.heartbeat_interval_ms
         )
 
-    @_guard
+    @guard
     def Heartbeat(self, request, context):  # noqa: N802
         node = self._node(request.node)
         if request.global_step < 0:
@@ -169,7 +122,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self.job.note_global_step(request.global_step)
         return nodes_pb2.HeartbeatReply(commands=commands)
 
-    @_guard
+    @guard
     def ReportExit(self, request, context):  # noqa: N802
         node = self._node(request.node)
         if request.reason not in nodes_pb2.ExitReason.values():
@@ -180,11 +133,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
         return common_pb2.Empty()
 
-    @_guard
+    @guard
     def GetJobStatus(self, request, context):  # noqa: N802
         return job_status_pb(self.job)
 
-    @_guard
+    @guard
     def Scale(self, request, context):  # noqa: N802
         result = self.job.request_scale(
             request.node_type, request.replicas, request.reason or "by command"
@@ -195,7 +148,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             cluster_version=result.cluster_version,
         )
 
-    @_guard
+    @guard
     def MigrateNode(self, request, context):  # noqa: N802
         result = self.job.request_migrate(
             request.node_type,
@@ -208,30 +161,29 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             node_id=result.node_id, checkpoint_step=result.checkpoint_step
         )
 
-    @_guard
+    @guard
     def GetClusterSpec(self, request, context):  # noqa: N802
         self._node(request)
         return self._cluster()
 
     # -- data ---------------------------------------------------------------
 
-    @_guard
+    @guard
     def CreateDataset(self, request, context):  # noqa: N802
         self._node(request.node)
         spec = DatasetSpec(**{f: getattr(request.spec, f) for f in _SPEC_FIELDS})
         return data_pb2.CreateDatasetReply(created=self.job.sharding.create(spec))
 
-    @_guard
+    @guard
     def GetShard(self, request, context):  # noqa: N802
         node = self._node(request.node)
-        if not 0 <= request.wait_ms <= MAX_WAIT_MS:
-            raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {request.wait_ms}")
+        wait = check_wait_ms(request.wait_ms)
         if request.request_id < 0:
             raise ValueError(f"request_id must be >= 0, got {request.request_id}")
         grant = self.job.sharding.get_shard(
             request.dataset,
             node.id,
-            request.wait_ms / 1000,
+            wait,
             request.request_id,
             indices=not request.indices_local,
         )
@@ -264,7 +216,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             "shard asks on a stream are served by the aio server only; ask by GetShard",
         )
 
-    @_guard
+    @guard
     def ReportProgress(self, request, context):  # noqa: N802
         node = self._node(request.node)
         if request.global_step < 0:
@@ -279,7 +231,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self.job.note_loss(request.loss)
         return data_pb2.ReportProgressReply(applied=len(reports))
 
-    @_guard
+    @guard
     def StreamProgress(self, request_iterator, context):  # noqa: N802
         """Apply a node's per-step reports in order; stale shard reports are skipped."""
         stream = ProgressStreamState(self)
@@ -295,13 +247,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.HasField("heartbeat_stats"):
             self.job.nodes.on_carried_heartbeat(node, request.heartbeat_stats, request.global_step)
 
-    @_guard
+    @guard
     def ReturnShards(self, request, context):  # noqa: N802
         node = self._node(request.node)
         n = self.job.sharding.release(request.dataset, node.id)
         return data_pb2.ReturnShardsReply(records_returned=n)
 
-    @_guard
+    @guard
     def SaveLedger(self, request, context):  # noqa: N802
         self._node(request.node)
         if request.global_step < 0:
@@ -315,7 +267,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return data_pb2.LedgerSnapshot(global_step=request.global_step)
         return ledger_pb(self.job.sharding.save_snapshot(request.dataset, request.global_step))
 
-    @_guard
+    @guard
     def ReportCheckpoint(self, request, context):  # noqa: N802
         self._node(request.node)
         self.job.on_checkpoint_reported(
@@ -323,7 +275,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
         return data_pb2.CheckpointReply(latest_step=self.job.checkpoints.latest().global_step)
 
-    @_guard
+    @guard
     def RestoreLedger(self, request, context):  # noqa: N802
         self._node(request.node)
         if not request.dataset:
