@@ -12,6 +12,7 @@ import sys
 
 from master.cli.cmd_brain import brain_location
 from master.cli.ray_master_actor import run_master_actor
+from master.cli.run_layout import STATE_FILE, RunLayout, run_layout
 from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job_spec
 from master.config.master_config import RPC_SERVERS
 from master.job.faults import FaultSpecError, parse_fault
@@ -89,8 +90,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         s.add_argument(
             "--state",
             default="",
-            help="where the master keeps its state: a SQLite path (default <run dir>/state.sqlite) "
-            "or etcd://host:port[,host:port][/prefix]",
+            help="where the master keeps its state: a SQLite path "
+            f"(default <run dir>/{STATE_FILE}) or etcd://host:port[,host:port][/prefix]",
         )
         s.add_argument("--tls-cert", default="", help="the master's TLS certificate (PEM)")
         s.add_argument("--tls-key", default="", help="the master's TLS private key (PEM)")
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.metrics_port is not None:
             spec = spec.with_overrides(metrics_port=args.metrics_port)
         faults = tuple(parse_fault(k) for k in args.kill)
+        layout = run_layout(spec, args.run_dir, args.state, args.host)
         master_config = MasterConfig(
             host=args.host,
             port=args.port,
@@ -147,7 +149,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
-            **({"state_path": args.state} if args.state else {}),
+            state_path=layout.state,
         )
     except (SpecError, FaultSpecError, ValueError) as e:
         print(f"dlrover: error: {e}", file=sys.stderr)
@@ -184,13 +186,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from master.cli.submit import SubmitOptions, run_job
 
     if args.cmd == "submit" and getattr(args, "master_actor", False):
-        return run_master_actor(spec, args, argv)
+        return run_master_actor(spec, args, argv, layout)
     if args.cmd == "submit" and args.lifeline_fd < 0 and _supervised(args):
-        return _supervise(spec, args, argv)
+        return _supervise(spec, args, argv, layout)
     resume = args.resume
     if args.resume_if_started or args.job_token_file:
         try:
-            resume, ended, master_config = restartable_master(spec, args, master_config)
+            resume, ended, master_config = restartable_master(layout, args, master_config)
         except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: StateStoreError
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
@@ -199,7 +201,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             return 0 if ended == "succeeded" else 1
     opts = SubmitOptions(
         master=master_config,
-        run_dir=args.run_dir,
+        run_dir=layout.run_dir,
         summary_json=args.summary_json,
         faults=faults,
         status_interval=args.status_interval,
@@ -235,7 +237,7 @@ def _supervised(args: argparse.Namespace) -> bool:
 
 
 def restartable_master(
-    spec: JobSpec, args: argparse.Namespace, cfg: MasterConfig
+    layout: RunLayout, args: argparse.Namespace, cfg: MasterConfig
 ) -> tuple[bool, str, MasterConfig]:
     """(resume, ended state or "", config) of a master that may be a restarted one.
 
@@ -246,15 +248,14 @@ def restartable_master(
     import dataclasses
     import os
 
-    from master.cli.submit import TOKEN_FILE, state_namespace
+    from master.cli.submit import write_token
     from master.state.job_record import recorded_job_state
 
     resume, ended = args.resume, ""
     if args.resume_if_started:
         if not args.run_dir:
             raise ValueError("--resume-if-started needs --run-dir (the run to resume)")
-        state = args.state or os.path.join(os.path.abspath(args.run_dir), "state.sqlite")
-        recorded = recorded_job_state(state, state_namespace(spec, os.path.abspath(args.run_dir)))
+        recorded = recorded_job_state(layout.state, layout.namespace)
         if recorded in ("succeeded", "failed", "stopped"):
             ended = recorded
         resume = recorded == "running"
@@ -263,12 +264,9 @@ def restartable_master(
             token = f.read().strip()
         if token:
             cfg = dataclasses.replace(cfg, job_token=token)
-            kept = os.path.join(os.path.abspath(args.run_dir or "."), TOKEN_FILE)
-            if resume and not os.path.exists(kept):  # a new pod: its run dir was not kept
-                os.makedirs(os.path.dirname(kept), exist_ok=True)
-                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(token)
+            if resume and not os.path.exists(layout.token_file):  # a new pod: run dir not kept
+                os.makedirs(layout.run_dir, exist_ok=True)
+                write_token(layout.token_file, token)
     return resume, ended, cfg
 
 
@@ -280,18 +278,10 @@ def _platform_options(args: argparse.Namespace) -> dict[str, str]:
     return {}
 
 
-def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
+def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str], layout: RunLayout) -> int:
     """Run the master as a supervised child that is restarted, with its nodes kept, if it dies."""
-    import os
-
-    from master.cli.submit import default_run_dir, state_namespace
     from master.cli.supervisor import MasterSupervisor
-    from master.platform.local import free_port
 
-    run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
-    host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    state = args.state or os.path.join(run_dir, "state.sqlite")
-    namespace = state_namespace(spec, run_dir)
     anchor = None
     extra: list[str] = []
     if args.platform == "ray":
@@ -299,22 +289,22 @@ def _supervise(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
         # master that dies, and end with this process (see master/platform/ray/job_anchor.py).
         from master.platform.ray.job_anchor import start_job_anchor
 
-        ray_namespace = "dlrover-" + namespace.replace("/", "-")
         try:
-            anchor = start_job_anchor(args.ray_address, ray_namespace)
+            anchor = start_job_anchor(args.ray_address, layout.ray_namespace)
         except PlatformError as e:
             print(f"dlrover: error: {e}", file=sys.stderr)
             return 2
-        extra += ["--ray-namespace", ray_namespace]
+        extra += ["--ray-namespace", layout.ray_namespace]
     try:
         for pick in range(PORT_PICKS):
-            # Picked here, so every restart of the master listens where its nodes dial.
-            port = args.port or free_port(host)
-            metrics_port = spec.metrics_port or free_port(host)  # the dashboard URL too
+            # Picked here, so every restart of the master listens where its nodes dial (the
+            # metrics port: the dashboard URL too).
+            picked = layout.with_ports(args.port, spec.metrics_port)
             # Later options win in argparse: the child and every restart share these.
-            child = [sys.executable, "-m", "master.cli", *argv, "--run-dir", run_dir]
-            child += ["--port", str(port), "--metrics-port", str(metrics_port), *extra]
-            supervisor = MasterSupervisor(child, run_dir, sys.stdout, state=state, job=namespace)
+            child = [sys.executable, "-m", "master.cli", *argv, *picked.master_flags(), *extra]
+            supervisor = MasterSupervisor(
+                child, layout.run_dir, sys.stdout, state=layout.state, job=layout.namespace
+            )
             code = supervisor.run()
             picked_here = not args.port or not spec.metrics_port
             if code != PORT_TAKEN_EXIT or not picked_here or pick == PORT_PICKS - 1:

@@ -6,19 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+from master.cli.run_layout import RunLayout
 from master.config import JobSpec
 from master.platform.api import PlatformError
 
 
-def run_master_actor(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
+def run_master_actor(
+    spec: JobSpec, args: argparse.Namespace, argv: list[str], layout: RunLayout
+) -> int:
     """`submit --platform ray --master-actor`: the master runs in a detached Ray actor that Ray
     restarts (master/platform/ray/master_actor.py); this command follows the job."""
     import os
     import time
 
-    from master.cli.submit import default_run_dir, state_namespace
     from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
-    from master.platform.local import free_port
     from master.platform.ray.master_actor import MASTER_ACTOR_NAME, start_master_actor
 
     if args.platform != "ray" or not args.ray_address:
@@ -28,28 +29,23 @@ def run_master_actor(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -
             file=sys.stderr,
         )
         return 2
-    run_dir = os.path.abspath(args.run_dir or default_run_dir(spec))
-    os.makedirs(run_dir, exist_ok=True)
-    host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    port = args.port or free_port(host)
-    metrics_port = spec.metrics_port or free_port(host)
-    namespace = state_namespace(spec, run_dir)
-    ray_namespace = "dlrover-" + namespace.replace("/", "-")
-    state = args.state or os.path.join(run_dir, "state.sqlite")
+    os.makedirs(layout.run_dir, exist_ok=True)
+    layout = layout.with_ports(args.port, spec.metrics_port)
+    ray_namespace = layout.ray_namespace
     rest = [a for a in argv[1:] if a != "--master-actor"]
     rest[rest.index(args.job_yaml)] = os.path.abspath(args.job_yaml)
-    child = [*rest, "--run-dir", run_dir, "--port", str(port), "--metrics-port", str(metrics_port)]
+    child = [*rest, *layout.master_flags()]
     child += ["--ray-namespace", ray_namespace, "--resume-if-started"]
     if args.summary_json:
         child += ["--summary-json", os.path.abspath(args.summary_json)]
-    log_path = os.path.join(run_dir, "master.log")
+    log_path = layout.master_log
     try:
         actor = start_master_actor(
             args.ray_address,
             ray_namespace,
             child,
-            state,
-            namespace,
+            layout.state,
+            layout.namespace,
             log_path,
             DEFAULT_MAX_MASTER_RESTARTS,
         )
@@ -61,7 +57,7 @@ def run_master_actor(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -
 
     print(
         f"== job {spec.name}: master in Ray actor {MASTER_ACTOR_NAME!r} (namespace "
-        f"{ray_namespace}) at {host}:{port}, run dir {run_dir}\n"
+        f"{ray_namespace}) at {layout.host}:{layout.port}, run dir {layout.run_dir}\n"
         f"   log {log_path}; Ray restarts the master up to {DEFAULT_MAX_MASTER_RESTARTS} times; "
         "Ctrl-C stops the job",
         flush=True,

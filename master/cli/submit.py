@@ -9,13 +9,13 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from master.brain.client import consult as consult_brain
 from master.brain.client import report as report_to_brain
+from master.cli.run_layout import run_layout
 from master.client import ENV_JOB_TOKEN_FILE, read_token
 from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
@@ -31,10 +31,9 @@ from master.rpc.aio_server import start_aio_server
 from master.rpc.server import advertised_host, job_status_pb, start_server
 from master.rpc.serving_gc import serving_gc
 from master.state.factory import open_state_store
+from master.state.sqlite import MEMORY_PATH
 
 log = logging.getLogger(__name__)
-
-TOKEN_FILE = ".job_token"
 
 STATE_SHORT = {
     "pending": "pend",
@@ -61,14 +60,8 @@ class SubmitOptions:
     brain: str = ""  # job history: a SQLite path or a Brain service URL; "" or "off": none
 
 
-def default_run_dir(spec: JobSpec) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join(spec.workdir, "runs", f"{spec.name}-{stamp}-{os.getpid()}")
-
-
-def write_token(run_dir: str, token: str) -> str:
+def write_token(path: str, token: str) -> str:
     """Write the job token to a file only the owner can read; nodes get the file's path."""
-    path = os.path.join(run_dir, TOKEN_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
@@ -255,11 +248,6 @@ def print_summary(summary: dict, out: TextIO) -> None:
     out.flush()
 
 
-def state_namespace(spec: JobSpec, run_dir: str) -> str:
-    """Each run's own keys in a shared store (etcd): the job name and the run dir's name."""
-    return f"{spec.name}/{os.path.basename(os.path.normpath(run_dir))}"
-
-
 def job_tls(cfg: MasterConfig, run_dir: str) -> tuple[ServerTLS | None, ClientTLS | None]:
     """The master's TLS credentials and the ones its nodes get, from the TLS settings."""
     if cfg.tls_cert:
@@ -289,19 +277,20 @@ def rpc_threads(configured: int, spec: JobSpec) -> int:
 
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
     """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success."""
-    run_dir = os.path.abspath(opts.run_dir or default_run_dir(spec))
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     cfg = opts.master
-    if cfg.state_path == ":memory:":
-        cfg = replace(cfg, state_path=os.path.join(run_dir, "state.sqlite"))
+    state = "" if cfg.state_path == MEMORY_PATH else cfg.state_path  # "": the run dir's file
+    layout = run_layout(spec, opts.run_dir, state, cfg.host)
+    cfg = replace(cfg, state_path=layout.state)
+    run_dir = layout.run_dir
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    token_file = layout.token_file
     if opts.resume:
         # Running nodes hold the token file's path: keep the file and the token in it.
-        token_file = os.path.join(run_dir, TOKEN_FILE)
         cfg = replace(cfg, job_token=read_token({ENV_JOB_TOKEN_FILE: token_file}))
     else:
-        token_file = write_token(run_dir, cfg.job_token)
+        write_token(token_file, cfg.job_token)
     spec, brain, brain_notes = consult_brain(spec, opts.brain)
-    store = open_state_store(cfg.state_path, job=state_namespace(spec, run_dir))
+    store = open_state_store(layout.state, job=layout.namespace)
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
     server_tls, node_tls = job_tls(cfg, run_dir)

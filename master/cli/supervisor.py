@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import TextIO
 
+from master.cli.run_layout import STATE_FILE
+
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
@@ -60,7 +62,7 @@ class MasterSupervisor:
     ) -> None:
         self.master_argv = master_argv
         self.run_dir = run_dir
-        self.state = state or os.path.join(run_dir, "state.sqlite")
+        self.state = state or os.path.join(run_dir, STATE_FILE)
         self.job = job
         self.out = out
         self.max_restarts = max_restarts

@@ -234,8 +234,8 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
     pod's empty run dir: --resume-if-started resumes with the token from the mounted secret."""
     import argparse
 
-    from master.cli.cmd_submit import restartable_master as _restartable_master
-    from master.cli.submit import TOKEN_FILE, state_namespace
+    from master.cli.cmd_submit import restartable_master
+    from master.cli.run_layout import TOKEN_FILE, run_layout
     from master.config import MasterConfig, parse_job_spec
     from master.state.factory import open_state_store
     from master.state.job_record import JOB_TABLE
@@ -253,23 +253,24 @@ def test_a_new_master_pod_with_a_fresh_run_dir_keeps_the_nodes_token(tmp_path):
         job_token_file=str(token),
     )
     cfg = MasterConfig(state_path=state)
+    layout = run_layout(spec, str(run_dir), state)
     # No job in the state and no secret yet: a fresh start with a new token.
-    resume, ended, fresh = _restartable_master(spec, args, cfg)
+    resume, ended, fresh = restartable_master(layout, args, cfg)
     assert (resume, ended, fresh.job_token) == (False, "", cfg.job_token)
 
-    store = open_state_store(state, job=state_namespace(spec, str(run_dir)))
+    store = open_state_store(state, job=layout.namespace)
     store.put(JOB_TABLE, "runtime", b"{}")
     store.put(JOB_TABLE, "status", json.dumps({"state": "running", "reason": ""}).encode())
     token.parent.mkdir()
     token.write_text("the-nodes-token\n")
-    resume, ended, cfg2 = _restartable_master(spec, args, cfg)
+    resume, ended, cfg2 = restartable_master(layout, args, cfg)
     assert (resume, ended, cfg2.job_token) == (True, "", "the-nodes-token")
     assert (run_dir / TOKEN_FILE).read_text() == "the-nodes-token"
     assert oct((run_dir / TOKEN_FILE).stat().st_mode & 0o777) == "0o600"
 
     store.put(JOB_TABLE, "status", json.dumps({"state": "failed", "reason": "x"}).encode())
     store.close()
-    assert _restartable_master(spec, args, cfg)[:2] == (False, "failed")
+    assert restartable_master(layout, args, cfg)[:2] == (False, "failed")
 
 
 def test_adopt_finds_each_pod_by_name_and_uid_and_reports_what_ended_unwatched(api, tmp_path):
