@@ -91,7 +91,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "--state",
             default="",
             help="where the master keeps its state: a SQLite path "
-            f"(default <run dir>/{STATE_FILE}) or etcd://host:port[,host:port][/prefix]",
+            f"(default <run dir>/{STATE_FILE}), ':memory:' (no durability: a master that dies "
+            "ends the job) or etcd://host:port[,host:port][/prefix]",
         )
         s.add_argument("--tls-cert", default="", help="the master's TLS certificate (PEM)")
         s.add_argument("--tls-key", default="", help="the master's TLS private key (PEM)")

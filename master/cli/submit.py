@@ -15,7 +15,7 @@ from typing import TextIO
 
 from master.brain.client import consult as consult_brain
 from master.brain.client import report as report_to_brain
-from master.cli.run_layout import run_layout
+from master.cli.run_layout import RunLayout, run_layout
 from master.client import ENV_JOB_TOKEN_FILE, read_token
 from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
 from master.config import JobSpec, MasterConfig
@@ -30,8 +30,8 @@ from master.platform.factory import create_platform
 from master.rpc.aio_server import start_aio_server
 from master.rpc.server import advertised_host, job_status_pb, start_server
 from master.rpc.serving_gc import serving_gc
-from master.state.factory import open_state_store
-from master.state.sqlite import MEMORY_PATH
+from master.state.api import StateStore
+from master.state.factory import in_memory, open_state_store
 
 log = logging.getLogger(__name__)
 
@@ -275,12 +275,22 @@ def rpc_threads(configured: int, spec: JobSpec) -> int:
     return max(configured, THREADS_PER_NODE * spec.max_nodes + 64)
 
 
+def open_run_state(layout: RunLayout) -> StateStore:
+    """The run's state store; one in memory is said to keep nothing past this master."""
+    if in_memory(layout.state):
+        log.warning(
+            "the state is in memory (--state %s): no durability; a master that dies ends "
+            "the job, and the run cannot be resumed",
+            layout.state,
+        )
+    return open_state_store(layout.state, job=layout.namespace)
+
+
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
-    """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success."""
+    """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success.
+    The state is where `opts.master.state_path` says (':memory:': in memory)."""
     cfg = opts.master
-    state = "" if cfg.state_path == MEMORY_PATH else cfg.state_path  # "": the run dir's file
-    layout = run_layout(spec, opts.run_dir, state, cfg.host)
-    cfg = replace(cfg, state_path=layout.state)
+    layout = run_layout(spec, opts.run_dir, cfg.state_path, cfg.host)
     run_dir = layout.run_dir
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     token_file = layout.token_file
@@ -290,7 +300,7 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
     else:
         write_token(token_file, cfg.job_token)
     spec, brain, brain_notes = consult_brain(spec, opts.brain)
-    store = open_state_store(layout.state, job=layout.namespace)
+    store = open_run_state(layout)
     platform = create_platform(opts.platform, advertised_host(cfg.host), opts.platform_options)
     printer = ProgressPrinter(out, opts.status_interval) if not opts.quiet else None
     server_tls, node_tls = job_tls(cfg, run_dir)

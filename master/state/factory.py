@@ -66,3 +66,12 @@ def open_state_store(
     if parsed.kind == "etcd":
         return EtcdStateStore(list(parsed.endpoints), parsed.prefix, timeout)
     return SQLiteStateStore(parsed.path or MEMORY_PATH)
+
+
+def in_memory(url: str) -> bool:
+    """Whether the store url names keeps nothing past its process (SQLite ':memory:')."""
+    try:
+        parsed = parse_state_url(url)
+    except StateStoreError:
+        return False
+    return parsed.kind == "sqlite" and parsed.path == MEMORY_PATH
