@@ -11,6 +11,7 @@ import signal
 import sys
 
 from master.cli.cmd_brain import brain_location
+from master.cli.exit_codes import EXIT_CODES_HELP, job_exit_code
 from master.cli.ray_master_actor import run_master_actor
 from master.cli.run_layout import STATE_FILE, RunLayout, run_layout
 from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job_spec
@@ -32,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         ("submit", "run a job from its YAML spec (local processes by default), with live progress"),
         ("master", "run a job's master without the live display (for containers and scripts)"),
     ):
-        s = sub.add_parser(name, help=help_text)
+        s = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES_HELP)
         s.add_argument("job_yaml", help="the job spec (see README: 'The job YAML')")
         s.add_argument(
             "--platform", default="local", choices=PLATFORMS, help="where nodes run (default local)"
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             return 2
         if ended:
             print(f"dlrover: the job already ended ({ended}); nothing to run", file=sys.stderr)
-            return 0 if ended == "succeeded" else 1
+            return job_exit_code(ended)
     opts = SubmitOptions(
         master=master_config,
         run_dir=layout.run_dir,

@@ -15,6 +15,7 @@ from typing import TextIO
 
 from master.brain.client import consult as consult_brain
 from master.brain.client import report as report_to_brain
+from master.cli.exit_codes import job_exit_code
 from master.cli.run_layout import RunLayout, run_layout
 from master.client import ENV_JOB_TOKEN_FILE, read_token
 from master.client.tls import ClientTLS, ServerTLS, make_job_certificates
@@ -180,7 +181,8 @@ def build_summary(job: JobMaster) -> dict:
     """The --summary-json document."""
     stats = job.sharding.stats()
     return {
-        "status": "succeeded" if job.state == JobState.SUCCEEDED else "failed",
+        # How the job ended; a run cut short with the job still going counts as failed.
+        "status": job.state.value if job.state.ended else JobState.FAILED.value,
         "reason": job.reason,
         "global_step": job.global_step,
         "datasets": {
@@ -287,8 +289,9 @@ def open_run_state(layout: RunLayout) -> StateStore:
 
 
 def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int:
-    """Run the job's master here, its nodes on the chosen platform; exit code 0 only on success.
-    The state is where `opts.master.state_path` says (':memory:': in memory)."""
+    """Run the job's master here, its nodes on the chosen platform; the exit code says how the
+    job ended (master.cli.exit_codes). The state is where `opts.master.state_path` says
+    (':memory:': in memory)."""
     cfg = opts.master
     layout = run_layout(spec, opts.run_dir, cfg.state_path, cfg.host)
     run_dir = layout.run_dir
@@ -379,4 +382,4 @@ def run_job(spec: JobSpec, opts: SubmitOptions, out: TextIO = sys.stdout) -> int
             json.dump(summary, f, indent=2)
     if not opts.quiet:
         print_summary(summary, out)
-    return 0 if job.state == JobState.SUCCEEDED else 1
+    return job_exit_code(summary["status"])

@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from master.cli.exit_codes import EXIT_STOPPED
 from master.client.position import decode_positions
 from master.platform.api import POSITIONS_DETAIL, NodeEvent, NodeLaunchSpec
 from master.platform.ray.connect import AUTH_MODE_ENV, LOOPBACK_ENV, start_local_cluster
@@ -386,7 +387,7 @@ def test_no_orphans_when_a_ray_master_is_interrupted_or_killed(ray_address, tmp_
         p.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
         out, _ = p.communicate(timeout=60)
         if how == "sigint":
-            assert p.returncode == 1 and "interrupted by SIGINT" in out, out
+            assert p.returncode == EXIT_STOPPED and "interrupted by SIGINT" in out, out
     finally:
         if p.poll() is None:
             p.kill()
