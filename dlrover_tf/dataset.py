@@ -7,19 +7,57 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from master.client import HeartbeatThread, MasterClient, ProgressStream
 from master.client.env import read_position_base
+from master.client.files import FORMATS, FileSet, Order, ShardReader, open_files
+from master.client.files.agreement import check_same_files
+from master.client.files.cache import default_cache_dirs
+from master.client.files.elements import BlobCarrier
+from master.client.files.elements import columns as file_columns
+from master.client.files.parquet import FORMAT as PARQUET
 from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
 
 # How long one blocking shard request may wait on the master before asking again.
 SHARD_WAIT_MS = 5_000
+# The shuffle block of a file dataset when none is given: this many batches, at least
+# MIN_BLOCK records.
+BLOCK_BATCHES = 16
+MIN_BLOCK = 4096
+
+
+class ShardSource(Protocol):
+    """One shard's records, handed out in order a part at a time."""
+
+    remaining: int
+
+    def take(self, n: int) -> Any:
+        """The next part: 1 to n records (a sized value)."""
+
+
+class _IndexSource:
+    """A shard's record indices (the master's, or computed here from its seed)."""
+
+    def __init__(self, indices: np.ndarray) -> None:
+        self._indices = indices
+        self._cut = 0
+        self.remaining = len(indices)
+
+    @classmethod
+    def of(cls, shard: data_pb2.Shard) -> _IndexSource:
+        return cls(np.frombuffer(shard.record_indices, dtype="<i8").astype(np.int64))
+
+    def take(self, n: int) -> np.ndarray:
+        part = self._indices[self._cut : self._cut + n]
+        self._cut += len(part)
+        self.remaining -= len(part)
+        return part
 
 
 class BatchTracker:
@@ -91,16 +129,41 @@ class ShardedDataset:
             self._heartbeat = HeartbeatThread(self.client, interval)
             self._progress.carry_heartbeats(self._heartbeat)
             self._heartbeat.start()
-        self.client.create_dataset(
-            data_pb2.DatasetSpec(
-                name=name,
-                size=size,
-                batch_size=batch_size,
-                records_per_shard=records_per_shard,
-                epochs=epochs,
-                shuffle=shuffle,
-                seed=seed,
-            )
+        spec = data_pb2.DatasetSpec(
+            name=name,
+            size=size,
+            batch_size=batch_size,
+            records_per_shard=records_per_shard,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        try:
+            self._register(spec)
+        except BaseException:
+            self._stop_client()
+            raise
+
+    def _register(self, spec: data_pb2.DatasetSpec) -> None:
+        self.client.create_dataset(spec)
+
+    @classmethod
+    def from_files(
+        cls,
+        name: str,
+        files: str | os.PathLike | Sequence[str | os.PathLike],
+        format: str,
+        batch_size: int,
+        epochs: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        **options: Any,
+    ) -> FileShardedDataset:
+        """A dataset of the records in `files` (a glob or a list): `format` "tfrecord",
+        "text" (a record per line) or "parquet" (a record per row); `options` are those of
+        FileShardedDataset."""
+        return FileShardedDataset(
+            name, files, format, batch_size, epochs=epochs, shuffle=shuffle, seed=seed, **options
         )
 
     def batches(self) -> Iterator[np.ndarray]:
@@ -109,23 +172,31 @@ class ShardedDataset:
         Starting a new iteration first hands back whatever an earlier iteration in this
         process held but did not train on.
         """
+        for parts in self.batched_parts(_IndexSource.of):
+            yield np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def batched_parts(self, open_shard: Callable[[data_pb2.Shard], ShardSource]) -> Iterator[list]:
+        """Batches of `batch_size` records (the last may be short), each the list of parts
+        `open_shard(shard).take(n)` returned; the tracker learns which shard records each
+        batch holds as it is yielded. A new iteration first hands back what an earlier one
+        in this process held."""
         self.client.return_shards(self.name)
         self.tracker.reset()
-        parts: list[np.ndarray] = []
+        parts: list[Any] = []
         segments: list[tuple[int, int]] = []
         have = 0
         while True:
             reply = self.client.get_shard(self.name, wait_ms=0 if have else SHARD_WAIT_MS)
             if reply.status == data_pb2.GetShardReply.SHARD:
                 shard = reply.shard
-                indices = np.frombuffer(shard.record_indices, dtype="<i8").astype(np.int64)
-                offset = 0
-                while offset < len(indices):
-                    take = min(self.batch_size - have, len(indices) - offset)
-                    parts.append(indices[offset : offset + take])
-                    offset += take
-                    have += take
-                    segments.append((shard.shard_id, offset))
+                source = open_shard(shard)
+                consumed = 0
+                while source.remaining > 0:
+                    part = source.take(self.batch_size - have)
+                    parts.append(part)
+                    consumed += len(part)
+                    have += len(part)
+                    segments.append((shard.shard_id, consumed))
                     if have == self.batch_size:
                         yield self._emit(parts, segments)
                         parts, segments, have = [], [], 0
@@ -137,13 +208,13 @@ class ShardedDataset:
             if reply.status == data_pb2.GetShardReply.END:
                 return
 
-    def _emit(self, parts: list[np.ndarray], segments: list[tuple[int, int]]) -> np.ndarray:
+    def _emit(self, parts: list[Any], segments: list[tuple[int, int]]) -> list[Any]:
         # Keep only the last offset of each shard in this batch.
         last: dict[int, int] = {}
         for shard_id, consumed in segments:
             last[shard_id] = consumed
         self.tracker.produced(list(last.items()))
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return parts
 
     def to_tf_dataset(
         self,
@@ -227,10 +298,130 @@ class ShardedDataset:
 
     def close(self) -> None:
         self.flush()
+        self._stop_client()
+
+    def _stop_client(self) -> None:
         if self._heartbeat:
             self._heartbeat.stop()
         if self._own_client:
             self.client.close()
+
+
+class FileShardedDataset(ShardedDataset):
+    """The records of a set of files as one index space [0, size): file after file, record
+    after record (Parquet: row after row). Made by ShardedDataset.from_files.
+
+    The master's dataset is plain position ranges (registered unshuffled); with `shuffle=True`
+    this node maps positions to records by blocks and windows (master.client.files.order), a
+    pure function every node computes alike. Options: `block` and `window` (records; default
+    block: 16 batches and at least 4096, window: the block), `columns` (Parquet: the columns
+    read, default all), `cache_dirs` (where indexes go when a file's folder is read-only;
+    default the run dir, then ~/.cache/dlrover), `index_threads`, `records_per_shard`,
+    `client`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        files: str | os.PathLike | Sequence[str | os.PathLike],
+        format: str,
+        batch_size: int,
+        epochs: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        *,
+        block: int = 0,
+        window: int = 0,
+        columns: Sequence[str] | None = None,
+        cache_dirs: Sequence[str] | None = None,
+        index_threads: int = 0,
+        records_per_shard: int = 0,
+        client: MasterClient | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
+        if columns is not None and format != PARQUET:
+            raise ValueError(f"columns= is for Parquet files, not {format!r}")
+        if cache_dirs is None:
+            cache_dirs = default_cache_dirs(os.environ)
+        wanted = list(columns) if columns is not None else None
+        self.files: FileSet = open_files(files, format, cache_dirs, wanted, index_threads)
+        self.format = format
+        block = block or max(MIN_BLOCK, BLOCK_BATCHES * batch_size)
+        self.order = Order(self.files.size, shuffle, block, window or block, seed)
+        try:
+            super().__init__(
+                name,
+                size=self.files.size,
+                batch_size=batch_size,
+                epochs=epochs,
+                shuffle=False,  # positions are plain ranges; the shuffle is this node's mapping
+                seed=seed,
+                records_per_shard=records_per_shard,
+                client=client,
+            )
+        except BaseException:
+            self.files.close()
+            raise
+
+    def _register(self, spec: data_pb2.DatasetSpec) -> None:
+        # Compared first: files that differ would otherwise show only as a size the master
+        # refuses, or not at all.
+        check_same_files(self.client, self.name, self.files, self.order)
+        super()._register(spec)
+
+    def _open_shard(self, shard: data_pb2.Shard) -> ShardReader:
+        return ShardReader(self.files, self.order, shard.start, shard.end, shard.epoch)
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """The record numbers of each batch (no file read): what the file-based iteration
+        yields, for checks."""
+
+        def numbers(shard: data_pb2.Shard) -> _IndexSource:
+            return _IndexSource(self.order.records(shard.start, shard.end, shard.epoch))
+
+        for parts in self.batched_parts(numbers):
+            yield np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def elements(self) -> Iterator[Any]:
+        """Each batch as (blob, starts, lengths, carried) (TFRecord, text; see
+        master.client.files.elements.BlobCarrier), or a dict of numpy columns (Parquet)."""
+        if self.format == PARQUET:
+            names = self.files.columns or list(self.files.schema.names)
+            for parts in self.batched_parts(self._open_shard):
+                yield file_columns(parts, names)
+            return
+        carrier = BlobCarrier()
+        for parts in self.batched_parts(self._open_shard):
+            yield carrier.element(parts)
+
+    def to_tf_dataset(  # type: ignore[override]
+        self, parse_fn: Callable | None = None, prefetch: int = 2, parallel_parse: int = 2
+    ):
+        """A tf.data.Dataset of batches: a 1-D tf.string tensor of serialized records
+        (TFRecord, text lines) or a dict of column tensors (Parquet), each passed through
+        `parse_fn` (TF ops, run by tf.data on the whole batch) when given. Batch order is kept
+        (the progress hook relies on it); autotuning is off (see ShardedDataset)."""
+        import tensorflow as tf
+
+        from dlrover_tf.file_input import byte_batches, column_batches
+
+        if self.format == PARQUET:
+            ds = column_batches(self.elements, self.files.schema, self.files.columns)
+            if parse_fn is not None:
+                ds = ds.map(parse_fn, num_parallel_calls=parallel_parse, deterministic=True)
+        else:
+            ds = byte_batches(self.elements, parse_fn, parallel_parse)
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.deterministic = True
+        return ds.prefetch(prefetch).with_options(options)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.files.close()
 
 
 def _reader_name(fn: Callable) -> str:
