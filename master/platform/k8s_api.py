@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from master.platform.k8s_resources import K8sConfigError
+from master.platform.k8s_settings import K8sConfigError
 
 
 def import_client() -> tuple[Any, Any]:
