@@ -6,10 +6,10 @@ The master runs without the client elsewhere: only the Kubernetes platform and
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from master.platform.k8s_errors import api_error_message  # noqa: F401 (the name callers know)
 from master.platform.k8s_settings import K8sConfigError
 
 
@@ -42,22 +42,3 @@ def default_api_client() -> Any:
                 "(`dlrover submit --platform k8s`) or set KUBECONFIG"
             ) from None
     return client.ApiClient()
-
-
-def api_error_message(action: str, e: Exception, namespace: str) -> str:
-    """One clear line for a failed API call, with the fix for permission problems."""
-    status = getattr(e, "status", None)
-    detail = getattr(e, "reason", "") or str(e)
-    body = getattr(e, "body", None)
-    if body:
-        try:
-            detail = json.loads(body).get("message", detail)
-        except (ValueError, AttributeError):
-            pass
-    if status == 403:
-        return (
-            f"{action}: forbidden ({detail}). The master's service account needs the role in "
-            f"examples/k8s/rbac.yaml in namespace {namespace!r}; "
-            "`dlrover submit --platform k8s` creates it"
-        )
-    return f"{action}: {status or 'error'} {detail}".strip()

@@ -2,6 +2,7 @@
 
 Each is created once, owned like the pods (by the master's Job or pod), and deleted when the
 platform shuts down; one left over from an earlier master of the job is taken over or replaced.
+Every call goes through the platform's `ApiRetry` (a timeout, retries through what heals).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from master.platform.k8s_api import api_error_message
+from master.platform.k8s_errors import FailureKind, K8sApiError
 from master.platform.k8s_resources import K8sSettings, dns_label, node_service, token_secret
+from master.platform.k8s_retry import ApiRetry
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +20,9 @@ log = logging.getLogger(__name__)
 class JobObjects:
     """The per-rank services and the token secret of one job, in the settings' namespace."""
 
-    def __init__(self, core: Any, settings: K8sSettings, owner_uid: str) -> None:
+    def __init__(self, core: Any, settings: K8sSettings, owner_uid: str, retry: ApiRetry) -> None:
         self._core = core  # CoreV1Api
+        self._retry = retry
         self.settings = settings
         self._owner_uid = owner_uid
         self._services: set[str] = set()
@@ -77,32 +80,30 @@ class JobObjects:
             )
 
     def _create_owned(self, body: dict[str, Any], create, read, delete) -> None:
-        """Create an object; one left over from an earlier master of this job is replaced."""
-        from kubernetes.client.exceptions import ApiException
+        """Create an object; one left over from an earlier master of this job is replaced.
 
+        A 409 is also what a create whose answer was lost (a cut connection) gets when retried:
+        the object is ours then, and kept. K8sApiError when it cannot be made.
+        """
         name, kind = body["metadata"]["name"], body["kind"].lower()
+        call = self._retry.call
         try:
-            create(self._ns, body)
+            call(f"create {kind} {name}", create, self._ns, body)
             return
-        except ApiException as e:
-            if e.status != 409:
-                raise RuntimeError(
-                    api_error_message(f"create {kind} {name}", e, self._ns)
-                ) from None
-        try:
-            existing = read(name, self._ns)
-            owners = {o.uid for o in existing.metadata.owner_references or []}
-            if self._owner_uid in owners or not self._owner_uid:
-                return
-            log.info("replacing %s %s left over from an earlier master", kind, name)
-            delete(name, self._ns)
-            create(self._ns, body)
-        except ApiException as e:
-            raise RuntimeError(api_error_message(f"replace {kind} {name}", e, self._ns)) from None
+        except K8sApiError as e:
+            if e.failure.kind != FailureKind.CONFLICT:
+                raise
+        existing = call(f"read {kind} {name}", read, name, self._ns)
+        owners = {o.uid for o in existing.metadata.owner_references or []}
+        if self._owner_uid in owners or not self._owner_uid:
+            return
+        log.info("replacing %s %s left over from an earlier master", kind, name)
+        call(f"delete {kind} {name}", delete, name, self._ns)
+        call(f"create {kind} {name}", create, self._ns, body)
 
     def _delete_quietly(self, delete, name: str) -> None:
         try:
-            delete(name, self._ns)
-        except Exception as e:
-            if getattr(e, "status", None) != 404:
-                log.warning("delete %s: %s", name, e)
+            self._retry.call(f"delete {name}", delete, name, self._ns)
+        except K8sApiError as e:
+            if e.failure.kind != FailureKind.NOT_FOUND:
+                log.warning("%s", e)

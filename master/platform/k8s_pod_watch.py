@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from master.platform.k8s_api import api_error_message
+from master.platform.k8s_errors import api_error_message
 
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_SECONDS = 240  # the server ends each watch after this; we resume at once
 WATCH_CONNECT_TIMEOUT_SECONDS = 10
+LIST_TIMEOUT_SECONDS = 60
 RETRY_MIN_SECONDS = 0.2
 RETRY_MAX_SECONDS = 10.0
 WATCH_STOP_SECONDS = 5.0
@@ -53,6 +54,7 @@ class PodWatch:
         self._watch: Any = None
         self._resource_version: str | None = None
         self.relists = 0  # how often the pod list was read (first sync + after each 410)
+        self.last_error = ""  # why the latest list or watch failed ("" since one worked)
         self._thread = threading.Thread(target=self._loop, name="k8s-watch", daemon=True)
 
     def start(self) -> None:
@@ -70,6 +72,7 @@ class PodWatch:
                     self._resource_version = self._relist()
                 self._watch_once()
                 delay = RETRY_MIN_SECONDS
+                self.last_error = ""
                 continue  # the server ended the stream (timeout or dropped): resume
             except ApiException as e:
                 if e.status == 410:
@@ -80,21 +83,23 @@ class PodWatch:
                     continue
                 if self._stopping.is_set():
                     return
-                log.warning(
-                    "pod watch: %s; retrying in %.1fs",
-                    api_error_message("watch pods", e, self._ns),
-                    delay,
-                )
+                self.last_error = api_error_message("list and watch pods", e, self._ns)
+                log.warning("pod watch: %s; retrying in %.1fs", self.last_error, delay)
             except Exception as e:  # a cut connection, a read timeout, a refused connect
                 if self._stopping.is_set():
                     return
+                self.last_error = f"list and watch pods: {type(e).__name__}: {e}"
                 log.warning("pod watch interrupted (%s); resuming in %.1fs", e, delay)
             self._stopping.wait(delay)
             delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     def _relist(self) -> str:
         started = time.monotonic()
-        pods = self._core.list_namespaced_pod(self._ns, label_selector=self._selector)
+        pods = self._core.list_namespaced_pod(
+            self._ns,
+            label_selector=self._selector,
+            _request_timeout=(WATCH_CONNECT_TIMEOUT_SECONDS, LIST_TIMEOUT_SECONDS),
+        )
         data = self._api.sanitize_for_serialization(pods)
         self.relists += 1
         self._on_list(data.get("items") or [], started)
