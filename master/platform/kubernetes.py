@@ -12,6 +12,13 @@ the pod's name and uid, `adopt` registers the pod under its node id and reads it
 pod that ended, was deleted or was replaced by another of the same name while no master
 watched ends its incarnation like any exit (and the job relaunches it).
 
+A real cluster misbehaves, and the platform copes (docs/platforms.md lists each case): every
+API call has a timeout and is retried through 429, 5xx and cut connections (`k8s_retry`); a
+rank's next pod is created only once no earlier pod of the rank may still run (`k8s_rank_pods`),
+deletions that failed being tried again until they land (`k8s_pod_reaper`); the trainer
+container, not its sidecars, ends a node; image pulls, unschedulable pods and nodes that are not
+Ready are states with limits, not exits (`k8s_pod_trouble`).
+
 The `kubernetes` client is imported lazily (`k8s_api`): the master runs without it elsewhere.
 """
 
@@ -21,46 +28,45 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import signal
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from master.client import ENV_JOB_TOKEN_FILE, ENV_MASTER_ADDR
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
-from master.platform.k8s_api import api_error_message, default_api_client, import_client
+from master.platform.k8s_api import default_api_client, import_client
+from master.platform.k8s_errors import FailureKind, K8sApiError, classify_api_error, describe
 from master.platform.k8s_job_objects import JobObjects
-from master.platform.k8s_pod_end import PodEnd, pod_end
+from master.platform.k8s_node_env import node_pod_env, with_pod_events
+from master.platform.k8s_pod_end import TERMINAL_PHASES, PodEnd, pod_end
+from master.platform.k8s_pod_reaper import PodReaper, delete_pod
+from master.platform.k8s_pod_trouble import PodTrouble, PodTroubles, TroubleKind, pod_trouble
 from master.platform.k8s_pod_watch import WATCH_TIMEOUT_SECONDS, PodWatch
+from master.platform.k8s_rank_pods import RankPods
 from master.platform.k8s_resources import (
     LABEL_ID,
     LABEL_JOB,
     LABEL_RANK,
     LABEL_ROLE,
     NODE_PORT,
-    TOKEN_DIR,
-    TOKEN_KEY,
     K8sSettings,
     node_pod,
     rank_label,
     service_name,
+)
+from master.platform.k8s_retry import ApiRetry
+from master.platform.k8s_settings import (
+    ENV_IMAGE_PULL_TIMEOUT_SECONDS,
+    ENV_NODE_LOST_GRACE_SECONDS,
 )
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_MARGIN_SECONDS = 5.0  # beyond the grace period, for the kubelet to report the end
 FORCE_DELETE_WAIT_SECONDS = 3.0
-EVENTS_TIMEOUT_SECONDS = 5.0
-MAX_EVENT_LINES = 3
-
-# Variables the kubelet sets in the master's own pod; a node pod gets its own, not the master's.
-_POD_LOCAL_ENV = re.compile(
-    r"^(HOSTNAME|HOME|KUBERNETES_\w*|DLROVER_K8S_\w*|\w+_SERVICE_(HOST|PORT\w*)"
-    r"|\w+_PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$"
-)
+# A rank's earlier pod, deleted with grace period 0, must be gone from the API within this.
+RANK_FREE_WAIT_SECONDS = 30.0
 
 
 @dataclass
@@ -69,11 +75,13 @@ class _PodRecord:
 
     spec: NodeLaunchSpec
     pod_name: str
+    container: str  # the trainer container's name: the node (other containers are sidecars)
     created_at: float | None = None  # monotonic; None while the create call is in flight
     uid: str = ""  # the pod's uid once created (adopted pods: from the handle)
     kill_signal: int = 0
     reported: bool = False
     last_pod: dict[str, Any] | None = None
+    delete_error: str = ""  # why the master could not delete the pod (shutdown)
 
 
 class KubernetesPlatform(Platform):
@@ -102,7 +110,20 @@ class KubernetesPlatform(Platform):
         self._records: dict[int, _PodRecord] = {}
         self._closed = False
         self._owner_uid = self.settings.owner_uid_in_use
-        self._objects = JobObjects(self._core, self.settings, self._owner_uid)
+        s = self.settings
+        self._retry = ApiRetry(s.namespace, s.api_retry_budget_seconds, s.api_timeout_seconds)
+        self._objects = JobObjects(self._core, s, self._owner_uid, self._retry)
+        self._pods = RankPods()
+        self._fatal: K8sApiError | None = None  # a deletion refused for good (raised next call)
+        self._reaper = PodReaper(self._retry, self._core, on_fatal=self._on_fatal)
+        self._troubles = PodTroubles(
+            {
+                TroubleKind.IMAGE_PULL: s.image_pull_timeout_seconds,
+                TroubleKind.NODE_NOT_READY: s.node_lost_grace_seconds,
+            },
+            on_expired=self._on_trouble_expired,
+            note=self._retry.note,
+        )
         if not self._owner_uid:
             log.warning(
                 "no owner (master Job or pod): pods will not be owned and outlive the job "
@@ -124,6 +145,20 @@ class KubernetesPlatform(Platform):
         """How often the pod list was read (first sync + after each 410)."""
         return self._pod_watch.relists
 
+    def notices(self) -> list[str]:
+        """The latest lines about the cluster: API retries, pods held up and why."""
+        return self._retry.notices()
+
+    def troubles(self) -> dict[int, str]:
+        """What holds each troubled node's pod up (unschedulable, image pull, node not Ready)."""
+        by_pod = self._troubles.current()
+        with self._lock:
+            return {
+                node_id: f"{by_pod[r.pod_name][0].line()} (for {by_pod[r.pod_name][1]:.0f}s)"
+                for node_id, r in self._records.items()
+                if r.pod_name in by_pod
+            }
+
     # -- Platform ----------------------------------------------------------------------
 
     def address_for(self, node_type: str, rank: int) -> str:
@@ -131,26 +166,87 @@ class KubernetesPlatform(Platform):
         return f"{name}.{self.settings.namespace}.svc:{NODE_PORT}"
 
     def launch(self, spec: NodeLaunchSpec) -> None:
+        """Create the incarnation's pod once no earlier pod of its rank may still run."""
         if self._closed:
             raise RuntimeError("the Kubernetes platform is shut down")
-        env = self._node_env(spec.env)
+        self._raise_fatal()
+        env, token_path = node_pod_env(spec.env, self.settings.master_host(), self.host)
+        if token_path:
+            self._objects.ensure_secret(token_path)
         if spec.rank >= 0:  # a standby has no address until it takes a rank over
             self._objects.ensure_service(spec.type, spec.rank)
         body = node_pod(self.settings, spec, env, token_secret=self._objects.secret)
         name = body["metadata"]["name"]
-        record = _PodRecord(spec=spec, pod_name=name)
+        container = body["spec"]["containers"][0]["name"]
+        record = _PodRecord(spec=spec, pod_name=name, container=container)
         with self._lock:
             self._records[spec.id] = record
         try:
-            created = self._core.create_namespaced_pod(self.settings.namespace, body)
-        except Exception as e:
+            if spec.rank >= 0:
+                self._free_rank(spec, name)
+            uid = self._create_pod(body, spec.id)
+        except BaseException:
             with self._lock:
                 self._records.pop(spec.id, None)
-            raise RuntimeError(api_error_message(f"create pod {name}", e, self._ns)) from None
+            raise
         with self._lock:
             record.created_at = time.monotonic()
-            record.uid = getattr(created.metadata, "uid", "") or ""
+            record.uid = uid
         log.info("created pod %s (%s-%d id=%d)", name, spec.type, spec.rank, spec.id)
+
+    def _free_rank(self, spec: NodeLaunchSpec, name: str) -> None:
+        """Delete the pods of earlier incarnations of the rank that may still run, and wait
+        until they are gone: a rank never runs twice (one left by a previous master too)."""
+        if not self._pods.wait_synced(self._retry.budget_seconds):
+            raise PlatformError(
+                f"cannot create pod {name}: the job's pods could not be listed "
+                f"({self._pod_watch.last_error or 'no answer'})"
+            )
+        old = [p.name for p in self._pods.may_run(spec.type, rank_label(spec.rank), name)]
+        if not old:
+            return
+        what = f"{spec.type}-{spec.rank}"
+        self._retry.note(
+            logging.WARNING,
+            f"{what}: pod {', '.join(old)} of an earlier incarnation may still run; "
+            f"{name} is created once it is gone",
+        )
+        with self._lock:
+            for r in self._records.values():
+                if r.pod_name in old and not r.reported:
+                    r.kill_signal = r.kill_signal or int(signal.SIGKILL)
+        for pod in old:
+            delete_pod(self._retry, self._core, pod, 0)
+        left = self._pods.wait_gone(old, RANK_FREE_WAIT_SECONDS)
+        if left:
+            raise PlatformError(
+                f"cannot start {what}: pod {', '.join(left)} of an earlier incarnation is still "
+                f"there {RANK_FREE_WAIT_SECONDS:.0f}s after its deletion, and a rank never runs "
+                "twice"
+            )
+        self._retry.note(logging.INFO, f"{what}: earlier pods gone; creating {name}")
+
+    def _create_pod(self, body: dict[str, Any], node_id: int) -> str:
+        """Create the pod; its uid. A 409 after a retry is the pod our lost answer made."""
+        name = body["metadata"]["name"]
+        create = self._core.create_namespaced_pod
+        try:
+            created = self._retry.call(f"create pod {name}", create, self._ns, body)
+            return getattr(created.metadata, "uid", "") or ""
+        except K8sApiError as e:
+            if e.failure.kind != FailureKind.CONFLICT:
+                raise
+            conflict = e
+        selector = f"{self._selector},{LABEL_ID}={node_id}"
+        pods = self._retry.call(
+            f"read pod {name}", self._core.list_namespaced_pod, self._ns, label_selector=selector
+        )
+        for pod in pods.items or []:
+            owners = {o.uid for o in pod.metadata.owner_references or []}
+            ours = not self._owner_uid or self._owner_uid in owners
+            if pod.metadata.name == name and ours and pod.status.phase not in TERMINAL_PHASES:
+                return pod.metadata.uid or ""
+        raise conflict
 
     def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
         """The standby's pod gets the rank's label, so the rank's service (its address) selects
@@ -161,41 +257,80 @@ class KubernetesPlatform(Platform):
             raise PlatformError(f"no pod for standby node id {standby_id}")
         self._objects.ensure_service(node_type, rank)
         patch = {"metadata": {"labels": {LABEL_RANK: rank_label(rank)}}}
-        try:
-            self._core.patch_namespaced_pod(record.pod_name, self._ns, patch)
-        except Exception as e:
-            message = api_error_message(f"patch pod {record.pod_name}", e, self._ns)
-            raise PlatformError(message) from None
+        self._retry.call(
+            f"patch pod {record.pod_name}",
+            self._core.patch_namespaced_pod,
+            record.pod_name,
+            self._ns,
+            patch,
+        )
         with self._lock:
             record.spec = dataclasses.replace(record.spec, type=node_type, rank=rank)
         log.info("pod %s took over %s-%d", record.pod_name, node_type, rank)
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
-        """SIGKILL deletes the pod at once; any other signal deletes it with its grace period."""
+        """SIGKILL deletes the pod at once; any other signal deletes it with its grace period.
+        A pod whose node is not Ready is left to end as lost after the grace for lost nodes:
+        deleted now, it would be gone from the API but could still run on that node."""
+        self._raise_fatal()
         with self._lock:
             record = self._records.get(node_id)
             if record is None or record.reported or record.created_at is None:
                 return False
             record.kill_signal = int(sig)
-        grace = 0 if sig == signal.SIGKILL else None
-        return self._delete_pod(record.pod_name, grace)
+        trouble = self._troubles.current().get(record.pod_name)
+        if trouble is not None and trouble[0].kind == TroubleKind.NODE_NOT_READY:
+            self._retry.note(
+                logging.WARNING,
+                f"pod {record.pod_name}: {trouble[0].message}; it ends as lost once that has "
+                f"lasted {self.settings.node_lost_grace_seconds:g}s "
+                f"({ENV_NODE_LOST_GRACE_SECONDS})",
+            )
+            return True
+        return self._delete_now(record.pod_name, 0 if sig == signal.SIGKILL else None)
 
     def stop_node(self, node_id: int, grace_seconds: float) -> None:
+        self._raise_fatal()
         with self._lock:
             record = self._records.get(node_id)
             if record is None or record.reported or record.created_at is None:
                 return
             record.kill_signal = int(signal.SIGTERM)
-        self._delete_pod(record.pod_name, max(0, math.ceil(grace_seconds)))
+        self._delete_now(record.pod_name, max(0, math.ceil(grace_seconds)))
+
+    def _delete_now(self, name: str, grace: int | None) -> bool:
+        """One delete now; one that failed for a while is the reaper's to retry (its end comes
+        through the watch). False: the pod was gone. K8sApiError: it is refused for good."""
+        kwargs: dict[str, Any] = {"_request_timeout": self._retry.request_timeout}
+        if grace is not None:
+            kwargs["grace_period_seconds"] = grace
+        try:
+            self._core.delete_namespaced_pod(name, self._ns, **kwargs)
+            return True
+        except Exception as e:  # classified below
+            failure = classify_api_error(e)
+        if failure.kind == FailureKind.NOT_FOUND:
+            return False
+        if not failure.kind.retryable:
+            raise K8sApiError(describe(f"delete pod {name}", failure, self._ns), failure)
+        self._retry.note(
+            logging.WARNING,
+            f"k8s API: delete pod {name}: {failure.status or failure.detail}; trying again in "
+            "the background (the rank's next pod waits until this one is gone)",
+        )
+        self._reaper.delete(name, grace)
+        return True
 
     def shutdown(self, grace_seconds: float = 5.0) -> None:
         """Stop every pod (grace, then force), report each end, remove services and secret.
 
-        Ended pods stay (their logs stay readable) until the master pod is deleted.
+        Ended pods stay (their logs stay readable) until the master pod is deleted. A pod the
+        API server would not let the master delete is reported as such: it may still run.
         """
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + self._retry.budget_seconds
         with self._lock:
             # created_at is 0.0 for adopted pods: they are stopped too.
             live = [
@@ -204,22 +339,41 @@ class KubernetesPlatform(Platform):
             for r in live:
                 r.kill_signal = r.kill_signal or int(signal.SIGTERM)
         for r in live:
-            self._delete_pod(r.pod_name, max(0, math.ceil(grace_seconds)))
+            r.delete_error = self._delete_by(r.pod_name, max(0, math.ceil(grace_seconds)), deadline)
         self._wait_reported(live, grace_seconds + SHUTDOWN_MARGIN_SECONDS)
         left = [r for r in live if not r.reported]
         for r in left:
             log.warning("pod %s did not end within the grace period; force-deleting", r.pod_name)
-            self._delete_pod(r.pod_name, 0)
+            r.delete_error = self._delete_by(r.pod_name, 0, deadline)
         self._wait_reported(left, FORCE_DELETE_WAIT_SECONDS)
         for r in left:
-            self._finish(
-                r, PodEnd(-signal.SIGKILL, message="force-deleted at shutdown", reason="Deleted")
-            )
+            message = "force-deleted at shutdown"
+            if r.delete_error:
+                message = (
+                    f"could not be deleted at shutdown ({r.delete_error}): it may still run; "
+                    f"delete it with `kubectl delete pod {r.pod_name} -n {self._ns}`"
+                )
+                log.error("pod %s %s", r.pod_name, message)
+            self._finish(r, PodEnd(-signal.SIGKILL, message=message, reason="Deleted"))
+        self._reaper.close()
+        for name in self._reaper.pending():  # ended nodes whose pods (sidecars) still run
+            self._delete_by(name, 0, deadline)
+        self._troubles.close()
         self._stop_watch()
         self._objects.delete_all()
         close = getattr(self._api, "close", None)
         if callable(close):
             close()
+
+    def _delete_by(self, name: str, grace: int, deadline: float) -> str:
+        """A shutdown deletion, retried until `deadline`; why it failed ("" if it did not)."""
+        budget = max(deadline - time.monotonic(), 0.1)
+        try:
+            delete_pod(self._retry, self._core, name, grace, budget_seconds=budget)
+        except K8sApiError as e:
+            log.error("%s", e)
+            return str(e)
+        return ""
 
     # -- resuming under a restarted master ----------------------------------------------------
 
@@ -248,20 +402,26 @@ class KubernetesPlatform(Platform):
             raise RuntimeError("the Kubernetes platform is shut down")
         name = str(handle.get("pod") or "")
         uid = str(handle.get("uid") or "")
-        if not name:
-            name = node_pod(self.settings, spec, {})["metadata"]["name"]
+        body = node_pod(self.settings, spec, {})
+        name = name or body["metadata"]["name"]
+        container = body["spec"]["containers"][0]["name"]
         # Registered before the read: a change after the read arrives through the watch.
-        record = _PodRecord(spec=spec, pod_name=name, created_at=0.0, uid=uid)
+        record = _PodRecord(spec=spec, pod_name=name, container=container, created_at=0.0, uid=uid)
         with self._lock:
             self._records[spec.id] = record
             self._objects.adopt(service_name(self.settings.job_name, spec.type, spec.rank))
         selector = f"{self._selector},{LABEL_ID}={spec.id}"
         try:
-            pods = self._core.list_namespaced_pod(self._ns, label_selector=selector)
-        except Exception as e:
+            pods = self._retry.call(
+                f"read pod {name}",
+                self._core.list_namespaced_pod,
+                self._ns,
+                label_selector=selector,
+            )
+        except K8sApiError:
             with self._lock:
                 self._records.pop(spec.id, None)
-            raise PlatformError(api_error_message(f"read pod {name}", e, self._ns)) from None
+            raise
         data = self._api.sanitize_for_serialization(pods)
         pod = next(
             (p for p in data.get("items") or [] if p["metadata"]["name"] == name),
@@ -301,45 +461,12 @@ class KubernetesPlatform(Platform):
     def _ns(self) -> str:
         return self.settings.namespace
 
-    def _node_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The node's env for its pod: without the master pod's own variables, with the master
-        reachable through its service, and the token file at the mounted secret."""
-        out = {
-            k: v for k, v in env.items() if not (_POD_LOCAL_ENV.match(k) and os.environ.get(k) == v)
-        }
-        master_host = self.settings.master_host()
-        addr = out.get(ENV_MASTER_ADDR, "")
-        host, _, port = addr.rpartition(":")
-        if master_host and host and host == self.host:
-            out[ENV_MASTER_ADDR] = f"{master_host}:{port}"
-        token_path = out.get(ENV_JOB_TOKEN_FILE, "")
-        if token_path:
-            self._objects.ensure_secret(token_path)
-            out[ENV_JOB_TOKEN_FILE] = f"{TOKEN_DIR}/{TOKEN_KEY}"
-        return out
-
-    def _delete_pod(self, name: str, grace: int | None) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            if grace is None:
-                self._core.delete_namespaced_pod(name, self._ns)
-            else:
-                self._core.delete_namespaced_pod(name, self._ns, grace_period_seconds=grace)
-            return True
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("%s", api_error_message(f"delete pod {name}", e, self._ns))
-            return False
-        except Exception as e:  # the API server is unreachable: the watch reports later
-            log.warning("delete pod %s: %s", name, e)
-            return False
-
     # -- events ----------------------------------------------------------------------------
 
     def _on_list(self, pods: list[dict[str, Any]], started: float) -> None:
         """Observe every listed pod; an incarnation whose pod is missing from a list read
         after it was created was deleted while the watch was down."""
+        self._pods.replace_all(pods)
         seen = set()
         for pod in pods:
             seen.add(pod["metadata"]["name"])
@@ -354,10 +481,11 @@ class KubernetesPlatform(Platform):
                 and r.pod_name not in seen
             ]
         for r in gone:  # deleted while we were not watching
-            end = pod_end(r.last_pod or {}, deleted=True, kill_signal=r.kill_signal)
-            self._finish(r, end)
+            end = pod_end(r.last_pod or {}, r.container, deleted=True, kill_signal=r.kill_signal)
+            self._end(r, end)
 
     def _observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        self._pods.update(pod, deleted)
         meta = pod.get("metadata") or {}
         try:
             node_id = int((meta.get("labels") or {}).get(LABEL_ID, ""))
@@ -371,12 +499,61 @@ class KubernetesPlatform(Platform):
                 return  # another pod of the same name: not this incarnation
             record.last_pod = pod
             kill = record.kill_signal
-        end = pod_end(pod, deleted=deleted, kill_signal=kill)
+        end = pod_end(pod, record.container, deleted=deleted, kill_signal=kill)
         if end is None:
+            self._troubles.observe(record.pod_name, pod_trouble(pod))
             return
-        if end.force_delete:
-            self._delete_pod(record.pod_name, 0)
+        self._end(record, end)
+
+    def _end(self, record: _PodRecord, end: PodEnd) -> None:
+        """A node's end as its pod shows it: a lost pod no longer counts as running, one that
+        will not end by itself (or whose sidecars run on) is deleted, then the end reported."""
+        self._troubles.forget(record.pod_name)
+        if end.node_lost:
+            self._pods.mark_lost(record.pod_name)
+        if end.force_delete and not self._closed:
+            self._reaper.delete(record.pod_name, 0)
         self._finish(record, end)
+
+    def _on_trouble_expired(self, pod: str, trouble: PodTrouble, seconds: float) -> None:
+        """A pod held up past its limit: an image that never pulled, a node never Ready again."""
+        with self._lock:
+            record = next(
+                (r for r in self._records.values() if r.pod_name == pod and not r.reported), None
+            )
+        if record is None:
+            return
+        if trouble.kind == TroubleKind.IMAGE_PULL:
+            end = PodEnd(
+                1,
+                message=f"{trouble.line()} (for {seconds:.0f}s, the limit set by "
+                f"{ENV_IMAGE_PULL_TIMEOUT_SECONDS})",
+                reason=trouble.reason,
+                force_delete=True,
+            )
+        else:
+            end = PodEnd(
+                -signal.SIGKILL,
+                message=f"NodeLost: {trouble.message} for {seconds:.0f}s (the grace set by "
+                f"{ENV_NODE_LOST_GRACE_SECONDS})",
+                reason="NodeLost",
+                force_delete=True,
+                node_lost=True,
+            )
+        self._retry.note(logging.WARNING, f"pod {pod}: {end.message}; the node has ended")
+        self._end(record, end)
+
+    def _on_fatal(self, error: K8sApiError) -> None:
+        """A deletion the API server refuses for good: the job's next platform call fails."""
+        log.error("%s", error)
+        with self._lock:
+            self._fatal = self._fatal or error
+
+    def _raise_fatal(self) -> None:
+        with self._lock:
+            fatal = self._fatal
+        if fatal is not None:
+            raise fatal
 
     def _finish(self, record: _PodRecord, end: PodEnd) -> None:
         """Report an incarnation's end, exactly once."""
@@ -387,7 +564,7 @@ class KubernetesPlatform(Platform):
             self._ended.notify_all()
         message = end.message
         if end.exit_code != 0 and not record.kill_signal:
-            message = self._with_pod_events(record.pod_name, message)
+            message = with_pod_events(self._core, self._ns, record.pod_name, message)
         spec = record.spec
         log.info("pod %s ended: %s exit code %d", record.pod_name, end.reason, end.exit_code)
         self.events.put(
@@ -401,26 +578,6 @@ class KubernetesPlatform(Platform):
                 details={"pod": record.pod_name, "reason": end.reason},
             )
         )
-
-    def _with_pod_events(self, pod: str, message: str) -> str:
-        """Warnings Kubernetes recorded about the pod (eviction, node trouble), then `message`
-        (the log tail stays last: the master quotes the last line)."""
-        try:
-            events = self._core.list_namespaced_event(
-                self._ns,
-                field_selector=f"involvedObject.name={pod}",
-                _request_timeout=EVENTS_TIMEOUT_SECONDS,
-            )
-        except Exception as e:
-            log.debug("events of pod %s: %s", pod, e)
-            return message
-        lines: list[str] = []
-        for ev in events.items or []:
-            if ev.type == "Warning" and ev.reason:
-                line = f"k8s event {ev.reason}: {ev.message or ''}".strip()
-                if line not in lines:
-                    lines.append(line)
-        return "\n".join([*lines[-MAX_EVENT_LINES:], message]).strip()
 
     def _wait_reported(self, records: list[_PodRecord], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -75,7 +76,8 @@ def platform(api, master_pod):
     api.wait_for(lambda: api.store.open_watch_count() == 0, timeout=3, what="watch closed")
 
 
-def make_platform(api, master_pod, host: str = "tfjob-master") -> KubernetesPlatform:
+def make_platform(api, master_pod, host: str = "tfjob-master", **overrides) -> KubernetesPlatform:
+    """A platform of the master pod `master_pod`; `overrides`: K8sSettings fields."""
     settings = K8sSettings(
         job_name=JOB,
         namespace="default",
@@ -85,6 +87,7 @@ def make_platform(api, master_pod, host: str = "tfjob-master") -> KubernetesPlat
         master_service=f"{JOB}-master",
         shm_size="1Gi",
         grace_seconds=7,
+        **overrides,
     )
     return KubernetesPlatform(host=host, settings=settings, api_client=api.api_client())
 
@@ -270,13 +273,20 @@ def test_pod_exit_reasons_become_node_events(api, platform, token_file):
     assert_allowed_by_master_role(api)
 
 
-def test_image_pull_backoff_ends_the_incarnation(api, platform, token_file):
-    platform.launch(launch_spec("worker", 0, 3, token_file))
-    name = pod_of(api, "worker", 0, 3)["metadata"]["name"]
-    api.kubelet.image_pull_backoff(name, "registry.example/dlrover:1")
-    ev = next_event(platform)
-    assert (ev.id, ev.exit_code, ev.details["reason"]) == (3, 1, "ImagePullBackOff")
-    api.wait_for(lambda: not api.pods("dlrover.io/node-id=3"), what="stuck pod deleted")
+def test_image_pull_backoff_past_its_limit_ends_the_incarnation(api, master_pod, token_file):
+    platform = make_platform(api, master_pod, image_pull_timeout_seconds=1)
+    try:
+        platform.launch(launch_spec("worker", 0, 3, token_file))
+        name = pod_of(api, "worker", 0, 3)["metadata"]["name"]
+        started = time.monotonic()
+        api.kubelet.image_pull_backoff(name, "registry.example/dlrover:1")
+        ev = next_event(platform)
+        assert time.monotonic() - started >= 1.0  # a state first, an end only past the limit
+        assert (ev.id, ev.exit_code, ev.details["reason"]) == (3, 1, "ImagePullBackOff")
+        assert "DLROVER_K8S_IMAGE_PULL_TIMEOUT_SECONDS" in ev.message
+        api.wait_for(lambda: not api.pods("dlrover.io/node-id=3"), what="stuck pod deleted")
+    finally:
+        platform.shutdown(0)
 
 
 def test_signal_and_stop_delete_the_pod(api, platform, token_file):
