@@ -4,11 +4,19 @@ Speaks the REST conventions (`/api/v1/namespaces/NS/RESOURCE[/NAME]`, `/apis/GRO
 Status objects for errors, list metadata with a resourceVersion) and the watch protocol
 (`?watch=true`: a chunked stream of one JSON event per line, ERROR events with 410 for an
 expired resourceVersion, optional BOOKMARKs, `timeoutSeconds`).
+
+It misbehaves when told to, as a real one does: `faults` (a `FaultPlan`) fails chosen requests
+(429 with Retry-After, 5xx, 403 from quota, Pod Security or RBAC, a cut connection), and
+`sidecars` are injected into every pod created, before its own containers, as a mutating
+webhook of a service mesh does. `served` is the timeline of answers: (monotonic time, method,
+path, status; 0 for a cut connection).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import select
 import socket
 import threading
@@ -17,12 +25,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from tests.k8s_fake.faults import RESET, FaultPlan
 from tests.k8s_fake.kubelet import FakeJobController, FakeKubelet
 from tests.k8s_fake.selectors import SelectorError
 from tests.k8s_fake.store import CORE, ApiError, ObjectStore, status_object
 
 DEFAULT_WATCH_SECONDS = 1800
 WATCH_POLL_SECONDS = 0.2
+
+
+def inject_sidecars(pod: dict[str, Any], sidecars: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod with `sidecars` listed before its own containers (a mesh's mutating webhook)."""
+    pod = copy.deepcopy(pod)
+    spec = pod.setdefault("spec", {})
+    own = spec.get("containers") or []
+    spec["containers"] = [copy.deepcopy(c) for c in sidecars] + own
+    return pod
 
 
 def _truthy(value: str | None) -> bool:
@@ -53,13 +71,37 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ------------------------------------------------------------------
 
-    def _send_json(self, code: int, body: dict[str, Any]) -> None:
+    def _send_json(
+        self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
+        self.server.note_served(self.command, urlsplit(self.path).path, code)
+
+    def _inject_fault(self, path: str, params: dict[str, str], body: Any) -> bool:
+        """Answer with an injected fault instead of serving, if one matches; True if so."""
+        fault = self.server.faults.take(self.command, path, _truthy(params.get("watch")))
+        if fault is None:
+            return False
+        if fault.status == RESET:
+            self.server.note_served(self.command, path, RESET)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return True
+        name = ((body or {}).get("metadata") or {}).get("name") if isinstance(body, dict) else ""
+        status = status_object(fault.status, fault.reason, fault.text(name or path.split("/")[-1]))
+        headers = {}
+        if fault.retry_after_seconds is not None:
+            headers["Retry-After"] = str(fault.retry_after_seconds)
+            status["details"] = {"retryAfterSeconds": fault.retry_after_seconds}
+        self._send_json(fault.status, status, headers)
+        return True
 
     def _read_body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -96,6 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
         store.log_request(method, url.path, params)
         try:
             body = self._read_body()
+            if self._inject_fault(url.path, params, body):
+                return
             gv, ns, resource, name, sub = self._route([p for p in url.path.split("/") if p])
             if sub not in (None, "status"):
                 raise ApiError(404, "NotFound", f"subresource {sub!r} is not served here")
@@ -120,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
             if ns is None:
                 raise ApiError(404, "NotFound", "namespaced resources need a namespace")
             if method == "POST" and name is None:
+                if resource == "pods" and self.server.sidecars:
+                    body = inject_sidecars(body or {}, self.server.sidecars)
                 self._send_json(201, store.create(gv, resource, ns, body or {}))
             elif method == "GET":
                 self._send_json(200, store.get(gv, resource, ns, name))
@@ -175,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self.server.note_served("GET", urlsplit(self.path).path, 200)
         try:
             if w.expired:
                 rv = params.get("resourceVersion")
@@ -233,6 +280,14 @@ class _HTTPServer(ThreadingHTTPServer):
     def __init__(self, store: ObjectStore) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.store = store
+        self.faults = FaultPlan()
+        self.sidecars: list[dict[str, Any]] = []
+        self._served_lock = threading.Lock()
+        self.served: list[tuple[float, str, str, int]] = []
+
+    def note_served(self, method: str, path: str, code: int) -> None:
+        with self._served_lock:
+            self.served.append((time.monotonic(), method, path, code))
 
 
 class FakeKubeApiServer:
@@ -244,6 +299,7 @@ class FakeKubeApiServer:
         self.kubelet = FakeKubelet(self.store, namespace)
         self.jobs = FakeJobController(self.store, namespace)
         self._httpd = _HTTPServer(self.store)
+        self.faults = self._httpd.faults
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True
         )
@@ -253,6 +309,21 @@ class FakeKubeApiServer:
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
+
+    @property
+    def sidecars(self) -> list[dict[str, Any]]:
+        """Containers injected into every pod created from now on, before its own."""
+        return self._httpd.sidecars
+
+    def served(self, method: str | None = None, path: str = "") -> list[tuple[float, int]]:
+        """(monotonic time, status) of each answer to `method` on a path matching `path`."""
+        with self._httpd._served_lock:
+            rows = list(self._httpd.served)
+        return [
+            (t, code)
+            for t, m, p, code in rows
+            if (method is None or m == method) and re.search(path, p)
+        ]
 
     def api_client(self):
         """A real `kubernetes.client.ApiClient` pointed at this server."""
