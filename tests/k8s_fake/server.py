@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.k8s_fake.faults import RESET, FaultPlan
+from tests.k8s_fake.faults import RESET, RESET_AFTER, FaultPlan
 from tests.k8s_fake.kubelet import FakeJobController, FakeKubelet
 from tests.k8s_fake.selectors import SelectorError
 from tests.k8s_fake.store import CORE, ApiError, ObjectStore, status_object
@@ -50,6 +50,7 @@ def _truthy(value: str | None) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
+    _cut_answer = False  # an injected RESET_AFTER: serve the request, never answer it
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         pass
@@ -74,7 +75,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(
         self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
+        if self._cut_answer:  # served, but the client never hears of it
+            self.server.note_served(self.command, urlsplit(self.path).path, RESET)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         data = json.dumps(body).encode()
+        # Noted before it is sent: whatever answer a client saw is in `served` already.
+        self.server.note_served(self.command, urlsplit(self.path).path, code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -82,12 +90,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
-        self.server.note_served(self.command, urlsplit(self.path).path, code)
 
     def _inject_fault(self, path: str, params: dict[str, str], body: Any) -> bool:
         """Answer with an injected fault instead of serving, if one matches; True if so."""
         fault = self.server.faults.take(self.command, path, _truthy(params.get("watch")))
         if fault is None:
+            return False
+        if fault.status == RESET_AFTER:
+            self._cut_answer = True
             return False
         if fault.status == RESET:
             self.server.note_served(self.command, path, RESET)
@@ -217,11 +227,11 @@ class _Handler(BaseHTTPRequestHandler):
             params.get("fieldSelector"),
             params.get("resourceVersion"),
         )
+        self.server.note_served("GET", urlsplit(self.path).path, 200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.server.note_served("GET", urlsplit(self.path).path, 200)
         try:
             if w.expired:
                 rv = params.get("resourceVersion")
