@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import enum
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from master.platform.k8s_pod_end import TERMINAL_PHASES, condition, node_not_ready
+from master.platform.k8s_pod_end import TERMINAL_PHASES, PodEnd, condition, node_not_ready
+from master.platform.k8s_settings import (
+    ENV_IMAGE_PULL_TIMEOUT_SECONDS,
+    ENV_NODE_LOST_GRACE_SECONDS,
+)
 
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 
@@ -67,6 +72,27 @@ def pod_trouble(pod: Mapping[str, Any]) -> PodTrouble | None:
         text = f"node {node} is not Ready (the pod's Ready condition is {ready.get('status')})"
         return PodTrouble(TroubleKind.NODE_NOT_READY, "NodeNotReady", text)
     return None
+
+
+def trouble_end(trouble: PodTrouble, seconds: float) -> PodEnd:
+    """The node's end when `trouble` lasted `seconds`, past its limit: an image that never
+    pulled fails the node; a node never Ready again is lost (its pod can no longer run)."""
+    if trouble.kind == TroubleKind.IMAGE_PULL:
+        return PodEnd(
+            1,
+            message=f"{trouble.line()} (for {seconds:.0f}s, the limit set by "
+            f"{ENV_IMAGE_PULL_TIMEOUT_SECONDS})",
+            reason=trouble.reason,
+            force_delete=True,
+        )
+    return PodEnd(
+        -signal.SIGKILL,
+        message=f"NodeLost: {trouble.message} for {seconds:.0f}s (the grace set by "
+        f"{ENV_NODE_LOST_GRACE_SECONDS})",
+        reason="NodeLost",
+        force_delete=True,
+        node_lost=True,
+    )
 
 
 # on_expired(pod name, trouble, seconds it lasted)

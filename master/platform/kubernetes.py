@@ -36,12 +36,24 @@ from typing import Any
 
 from master.platform.api import NodeEvent, NodeLaunchSpec, Platform, PlatformError
 from master.platform.k8s_api import default_api_client, import_client
-from master.platform.k8s_errors import FailureKind, K8sApiError, classify_api_error, describe
+from master.platform.k8s_errors import (
+    FailureKind,
+    K8sApiError,
+    classify_api_error,
+    describe,
+    short_reason,
+)
 from master.platform.k8s_job_objects import JobObjects
 from master.platform.k8s_node_env import node_pod_env, with_pod_events
 from master.platform.k8s_pod_end import TERMINAL_PHASES, PodEnd, pod_end
 from master.platform.k8s_pod_reaper import PodReaper, delete_pod
-from master.platform.k8s_pod_trouble import PodTrouble, PodTroubles, TroubleKind, pod_trouble
+from master.platform.k8s_pod_trouble import (
+    PodTrouble,
+    PodTroubles,
+    TroubleKind,
+    pod_trouble,
+    trouble_end,
+)
 from master.platform.k8s_pod_watch import WATCH_TIMEOUT_SECONDS, PodWatch
 from master.platform.k8s_rank_pods import RankPods
 from master.platform.k8s_resources import (
@@ -56,10 +68,7 @@ from master.platform.k8s_resources import (
     service_name,
 )
 from master.platform.k8s_retry import ApiRetry
-from master.platform.k8s_settings import (
-    ENV_IMAGE_PULL_TIMEOUT_SECONDS,
-    ENV_NODE_LOST_GRACE_SECONDS,
-)
+from master.platform.k8s_settings import ENV_NODE_LOST_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -315,8 +324,8 @@ class KubernetesPlatform(Platform):
             raise K8sApiError(describe(f"delete pod {name}", failure, self._ns), failure)
         self._retry.note(
             logging.WARNING,
-            f"k8s API: delete pod {name}: {failure.status or failure.detail}; trying again in "
-            "the background (the rank's next pod waits until this one is gone)",
+            f"k8s API: delete pod {name}: {short_reason(failure)}; trying again in the "
+            "background (the rank's next pod waits until this one is gone)",
         )
         self._reaper.delete(name, grace)
         return True
@@ -428,12 +437,8 @@ class KubernetesPlatform(Platform):
             None,
         )
         if pod is not None and uid and pod["metadata"].get("uid") != uid:
-            log.warning(
-                "pod %s was replaced while no master watched (uid %s, not %s)",
-                name,
-                pod["metadata"].get("uid"),
-                uid,
-            )
+            found = pod["metadata"].get("uid")
+            log.warning("pod %s was replaced while no master watched (uid %s)", name, found)
             pod = None
         if pod is None:
             self._finish(
@@ -454,8 +459,6 @@ class KubernetesPlatform(Platform):
             )
         log.info("adopted pod %s (%s-%d id=%d)", name, spec.type, spec.rank, spec.id)
         self._observe(pod)
-
-    # -- launching helpers ------------------------------------------------------------------
 
     @property
     def _ns(self) -> str:
@@ -523,23 +526,7 @@ class KubernetesPlatform(Platform):
             )
         if record is None:
             return
-        if trouble.kind == TroubleKind.IMAGE_PULL:
-            end = PodEnd(
-                1,
-                message=f"{trouble.line()} (for {seconds:.0f}s, the limit set by "
-                f"{ENV_IMAGE_PULL_TIMEOUT_SECONDS})",
-                reason=trouble.reason,
-                force_delete=True,
-            )
-        else:
-            end = PodEnd(
-                -signal.SIGKILL,
-                message=f"NodeLost: {trouble.message} for {seconds:.0f}s (the grace set by "
-                f"{ENV_NODE_LOST_GRACE_SECONDS})",
-                reason="NodeLost",
-                force_delete=True,
-                node_lost=True,
-            )
+        end = trouble_end(trouble, seconds)
         self._retry.note(logging.WARNING, f"pod {pod}: {end.message}; the node has ended")
         self._end(record, end)
 
