@@ -13,30 +13,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from master.platform.k8s_errors import FailureKind, K8sApiError
+from master.platform.k8s_errors import K8sApiError
+from master.platform.k8s_pod_calls import delete_pod
 from master.platform.k8s_retry import RETRY_MAX_SECONDS, ApiRetry
 
 log = logging.getLogger(__name__)
 
 REAPER_STOP_SECONDS = 5.0
-
-
-def delete_pod(retry: ApiRetry, core: Any, name: str, grace: int | None, **options: Any) -> bool:
-    """Delete a pod through `retry` (grace None: its own grace period); False if it was gone.
-
-    Raises K8sApiError when the delete cannot be made (a 403, or the budget spent)."""
-    kwargs: dict[str, Any] = dict(options)
-    if grace is not None:
-        kwargs["grace_period_seconds"] = grace
-    try:
-        retry.call(
-            f"delete pod {name}", core.delete_namespaced_pod, name, retry.namespace, **kwargs
-        )
-    except K8sApiError as e:
-        if e.failure.kind == FailureKind.NOT_FOUND:
-            return False
-        raise
-    return True
 
 
 class PodReaper:

@@ -45,8 +45,9 @@ from master.platform.k8s_errors import (
 )
 from master.platform.k8s_job_objects import JobObjects
 from master.platform.k8s_node_env import node_pod_env, with_pod_events
-from master.platform.k8s_pod_end import TERMINAL_PHASES, PodEnd, pod_end
-from master.platform.k8s_pod_reaper import PodReaper, delete_pod
+from master.platform.k8s_pod_calls import create_pod, delete_pod
+from master.platform.k8s_pod_end import PodEnd, pod_end
+from master.platform.k8s_pod_reaper import PodReaper
 from master.platform.k8s_pod_trouble import (
     PodTrouble,
     PodTroubles,
@@ -88,6 +89,8 @@ class _PodRecord:
     created_at: float | None = None  # monotonic; None while the create call is in flight
     uid: str = ""  # the pod's uid once created (adopted pods: from the handle)
     kill_signal: int = 0
+    deferred: bool = False  # a delete held back while the pod's node is not Ready
+    deferred_grace: int | None = None
     reported: bool = False
     last_pod: dict[str, Any] | None = None
     delete_error: str = ""  # why the master could not delete the pod (shutdown)
@@ -193,7 +196,8 @@ class KubernetesPlatform(Platform):
         try:
             if spec.rank >= 0:
                 self._free_rank(spec, name)
-            uid = self._create_pod(body, spec.id)
+            selector = f"{self._selector},{LABEL_ID}={spec.id}"
+            uid = create_pod(self._retry, self._core, body, selector, self._owner_uid)
         except BaseException:
             with self._lock:
                 self._records.pop(spec.id, None)
@@ -235,28 +239,6 @@ class KubernetesPlatform(Platform):
             )
         self._retry.note(logging.INFO, f"{what}: earlier pods gone; creating {name}")
 
-    def _create_pod(self, body: dict[str, Any], node_id: int) -> str:
-        """Create the pod; its uid. A 409 after a retry is the pod our lost answer made."""
-        name = body["metadata"]["name"]
-        create = self._core.create_namespaced_pod
-        try:
-            created = self._retry.call(f"create pod {name}", create, self._ns, body)
-            return getattr(created.metadata, "uid", "") or ""
-        except K8sApiError as e:
-            if e.failure.kind != FailureKind.CONFLICT:
-                raise
-            conflict = e
-        selector = f"{self._selector},{LABEL_ID}={node_id}"
-        pods = self._retry.call(
-            f"read pod {name}", self._core.list_namespaced_pod, self._ns, label_selector=selector
-        )
-        for pod in pods.items or []:
-            owners = {o.uid for o in pod.metadata.owner_references or []}
-            ours = not self._owner_uid or self._owner_uid in owners
-            if pod.metadata.name == name and ours and pod.status.phase not in TERMINAL_PHASES:
-                return pod.metadata.uid or ""
-        raise conflict
-
     def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
         """The standby's pod gets the rank's label, so the rank's service (its address) selects
         it; the failed pod it replaces is no longer an endpoint."""
@@ -278,25 +260,15 @@ class KubernetesPlatform(Platform):
         log.info("pod %s took over %s-%d", record.pod_name, node_type, rank)
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
-        """SIGKILL deletes the pod at once; any other signal deletes it with its grace period.
-        A pod whose node is not Ready is left to end as lost after the grace for lost nodes:
-        deleted now, it would be gone from the API but could still run on that node."""
+        """SIGKILL deletes the pod at once; any other signal deletes it with its grace period
+        (on a node that is not Ready: see `_delete_or_defer`)."""
         self._raise_fatal()
         with self._lock:
             record = self._records.get(node_id)
             if record is None or record.reported or record.created_at is None:
                 return False
             record.kill_signal = int(sig)
-        trouble = self._troubles.current().get(record.pod_name)
-        if trouble is not None and trouble[0].kind == TroubleKind.NODE_NOT_READY:
-            self._retry.note(
-                logging.WARNING,
-                f"pod {record.pod_name}: {trouble[0].message}; it ends as lost once that has "
-                f"lasted {self.settings.node_lost_grace_seconds:g}s "
-                f"({ENV_NODE_LOST_GRACE_SECONDS})",
-            )
-            return True
-        return self._delete_now(record.pod_name, 0 if sig == signal.SIGKILL else None)
+        return self._delete_or_defer(record, 0 if sig == signal.SIGKILL else None)
 
     def stop_node(self, node_id: int, grace_seconds: float) -> None:
         self._raise_fatal()
@@ -305,7 +277,26 @@ class KubernetesPlatform(Platform):
             if record is None or record.reported or record.created_at is None:
                 return
             record.kill_signal = int(signal.SIGTERM)
-        self._delete_now(record.pod_name, max(0, math.ceil(grace_seconds)))
+        self._delete_or_defer(record, max(0, math.ceil(grace_seconds)))
+
+    def _delete_or_defer(self, record: _PodRecord, grace: int | None) -> bool:
+        """Delete the pod, unless its node is not Ready: then it ends as lost after the grace
+        (deleted now it would be gone from the API, yet could still run there), or is deleted
+        when the node is Ready again (`_observe`)."""
+        with self._lock:
+            record.deferred, record.deferred_grace = True, grace
+        trouble = self._troubles.current().get(record.pod_name)
+        if trouble is not None and trouble[0].kind == TroubleKind.NODE_NOT_READY:
+            self._retry.note(
+                logging.WARNING,
+                f"pod {record.pod_name}: {trouble[0].message}; it is deleted when the node is "
+                f"Ready again, or ends as lost after {self.settings.node_lost_grace_seconds:g}s "
+                f"({ENV_NODE_LOST_GRACE_SECONDS})",
+            )
+            return True
+        with self._lock:
+            record.deferred = False
+        return self._delete_now(record.pod_name, grace)
 
     def _delete_now(self, name: str, grace: int | None) -> bool:
         """One delete now; one that failed for a while is the reaper's to retry (its end comes
@@ -504,7 +495,16 @@ class KubernetesPlatform(Platform):
             kill = record.kill_signal
         end = pod_end(pod, record.container, deleted=deleted, kill_signal=kill)
         if end is None:
-            self._troubles.observe(record.pod_name, pod_trouble(pod))
+            trouble = pod_trouble(pod)
+            self._troubles.observe(record.pod_name, trouble)
+            with self._lock:
+                held = record.deferred and (
+                    trouble is None or trouble.kind != TroubleKind.NODE_NOT_READY
+                )
+                if held:
+                    record.deferred = False
+            if held:  # the node is Ready again: the delete held back is made now
+                self._reaper.delete(record.pod_name, record.deferred_grace)
             return
         self._end(record, end)
 

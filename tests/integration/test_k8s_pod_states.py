@@ -123,6 +123,18 @@ def test_a_node_lost_without_disruption_target_ends_the_node_within_the_grace(ap
     assert deletes[0][0] >= lost_at + NODE_LOST_GRACE_SECONDS
 
 
+def test_a_kill_held_back_on_a_node_not_ready_is_made_when_it_is_ready_again(api, started):
+    platform, name = started(node_lost_grace_seconds=60)
+    api.kubelet.node_not_ready("fake-node-2")
+    api.wait_for(lambda: "NodeNotReady" in platform.troubles().get(1, ""), what="not Ready seen")
+    assert platform.signal_node(1, signal.SIGKILL)
+    assert not api.served("DELETE", f"/pods/{name}$")  # held back while the node is away
+    api.kubelet.node_ready("fake-node-2")
+    ev = next_event(platform)  # long before the 60 s grace
+    assert (ev.id, ev.exit_code, ev.details["reason"]) == (1, -signal.SIGKILL, "Deleted")
+    assert [code for _, code in api.served("DELETE", f"/pods/{name}$")] == [200]
+
+
 def test_a_no_execute_taint_on_a_healthy_node_is_not_a_node_loss(api, started):
     platform, name = started()
     api.kubelet.taint_evict(name)  # DisruptionTarget by the taint manager, node Ready

@@ -2,9 +2,9 @@
 
 A test adds faults to `api.faults` (a `FaultPlan`): each matches a method and a path pattern and
 fails the next `times` matching requests (None: all of them) with an HTTP status and a Status
-object, or with a connection cut before any answer (status 0). Faults are tried in the order
-they were added, so "429, then 503" is two faults of one request each. Watch requests are left
-alone unless a fault asks for them.
+object, or with a connection cut before the request is served (RESET) or after (RESET_AFTER).
+Faults are tried in the order they were added, so "429, then 503" is two faults of one request
+each. Watch requests are left alone unless a fault asks for them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import threading
 from dataclasses import dataclass
 
 RESET = 0  # the status of a fault that cuts the connection without answering
+# ... and of one that serves the request, then cuts the connection instead of answering (a
+# create that happened, though the client never heard of it)
+RESET_AFTER = -1
 
 # Messages as kube-apiserver and its admission plugins write them ({name}: the object's name).
 QUOTA_MESSAGE = (
@@ -52,7 +55,7 @@ class Fault:
 
     method: str  # GET, POST, PUT, PATCH, DELETE or "*"
     path: str  # a regular expression searched in the request's path
-    status: int  # an HTTP status, or RESET
+    status: int  # an HTTP status, RESET or RESET_AFTER
     message: str = ""  # the Status message ("" = the usual one for the status)
     retry_after_seconds: int | None = None  # a Retry-After header (and details.retryAfterSeconds)
     times: int | None = 1  # None: every matching request

@@ -190,6 +190,44 @@ class FakeKubelet:
             names.append(name)
         return names
 
+    def taint_evict(self, name: str) -> dict[str, Any]:
+        """A NoExecute taint on a healthy node (e.g. `kubectl taint ... :NoExecute`): the taint
+        manager deletes the pod, and the node's kubelet stops it as for any graceful deletion."""
+
+        def mutate(pod: dict[str, Any]) -> None:
+            pod["status"].setdefault("conditions", []).append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            )
+
+        self._update(name, mutate)
+        return self.store.delete(CORE, "pods", self.namespace, name)
+
+    def node_ready(self, node: str = FAKE_NODE) -> list[str]:
+        """The node answers again: its kubelet reports its pods Ready, and deletions of them
+        finish again. The names of the pods made Ready."""
+        names = []
+        for (_, resource, ns, name), pod in self.store.all_objects():
+            if resource != "pods" or ns != self.namespace or pod["spec"].get("nodeName") != node:
+                continue
+            self.store.unreachable.discard((self.namespace, name))
+            if pod["status"].get("phase") != "Running":
+                continue
+
+            def mutate(p: dict[str, Any]) -> None:
+                for cond in p["status"].get("conditions") or []:
+                    if cond["type"] == "Ready":
+                        cond.update(status="True", lastTransitionTime=now_rfc3339())
+
+            self._update(name, mutate)
+            names.append(name)
+        return names
+
     def _waiting(self, name: str, reason: str, message: str) -> dict[str, Any]:
         """Every container of the scheduled pod waits for `reason`; the pod stays Pending."""
         now = now_rfc3339()
