@@ -41,6 +41,7 @@ from master.job.model import (
     NodeStart,
     ScaleResult,
 )
+from master.job.platform_news import PlatformNews
 from master.job.ps_change import PS_RESIZE_TIMEOUT_SECONDS, PSChanges
 from master.job.ps_standby import StandbyKeeper
 from master.job.recovery_timeline import JOB_START, RecoveryPhase, RecoveryTracker
@@ -91,7 +92,7 @@ class JobMaster:
         resuming: bool = False,
     ) -> None:
         # Until the previous instance's nodes are restored, a node's request is answered
-        # "unavailable, retry" rather than "unknown node" (see master.rpc.server._guard).
+        # "unavailable, retry" rather than "unknown node" (see master.rpc.guard).
         self.resuming = resuming
         self.spec = spec
         self.platform = platform
@@ -209,6 +210,7 @@ class JobMaster:
             self.autoscaler, lambda: self.state.ended, emit, save,
         )  # fmt: skip
         self.interval = CheckpointIntervalTuner(spec.checkpoint_overhead, self.kv, emit)
+        self.platform_news = PlatformNews(platform, self.nodes, emit)
         self.kv.add_listener(self.recovery.on_kv)
         self.kv.add_listener(self.standby.on_kv)
         self.kv.add_listener(self._wake_for_ps_change)
@@ -473,6 +475,7 @@ class JobMaster:
         self.health.check()
         self.stuck.check(self.global_step, training_done)
         self.faults.tick(self._progress)
+        self.platform_news.tick()
         self.completion.check()
 
     def _progress(self) -> JobProgress:

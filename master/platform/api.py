@@ -104,6 +104,16 @@ class Platform(abc.ABC):
         platform cannot measure is left out (its heartbeats say how busy it is, if any)."""
         return {}
 
+    def notices(self) -> list[str]:
+        """The latest lines about the platform itself (e.g. API calls retried), oldest first;
+        the job turns each new one into a `platform` event."""
+        return []
+
+    def troubles(self) -> dict[int, str]:
+        """What holds each troubled node up without ending it (an image pull backing off, an
+        unschedulable pod, its host not Ready), by node id."""
+        return {}
+
     # -- resuming a job under a restarted master --------------------------------
 
     def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:

@@ -427,13 +427,14 @@ def master_objects(sub: SubmitSettings) -> list[dict[str, Any]]:
             "podFailurePolicy": {
                 "rules": [
                     # 1: the job failed (or the master hit an error, which fails the job);
-                    # 2: bad configuration. A new master pod would change neither.
+                    # 2: bad configuration; 3: the user stopped the job. A new master pod would
+                    # change none of them.
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": "master",
                             "operator": "In",
-                            "values": [1, 2],
+                            "values": [1, 2, 3],
                         },
                     },
                     # Evicted or preempted: restart the master without counting it.
