@@ -11,15 +11,27 @@ from dataclasses import dataclass, field
 from torch.distributed.run import get_args_parser
 
 from dlrover_torch.hang import HangConfig
+from dlrover_torch.torchrun_env import (
+    DLROVER_BACKEND,
+    UsageError,
+    apply_pet_env,
+    parse_under_master,
+    raise_usage_errors,
+)
 from dlrover_torch.worker_pool import WorkerCommand
 
-DLROVER_BACKEND = "dlrover"
 ENV_MASTER_ADDR = "DLROVER_MASTER_ADDR"
 ENV_NODE_RANK = "DLROVER_NODE_RANK"
+ENV_NODE_TYPE = "DLROVER_NODE_TYPE"
 
 
 class LaunchConfigError(ValueError):
     """A flag or environment variable has a value dlrover-run cannot use; the message says why."""
+
+
+def under_job_master(env: Mapping[str, str]) -> bool:
+    """Whether a dlrover job's master started this node (its rendezvous is then the master's)."""
+    return bool(env.get(ENV_NODE_TYPE) and env.get(ENV_MASTER_ADDR))
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class LaunchConfig:
     spare_workers: bool = True
     spare_low_priority: bool = True
     exit_barrier_timeout: float = 300.0
+    # torchrun flags and PET_* variables replaced by the job master's rendezvous, as given
+    replaced: tuple[str, ...] = ()
 
     @property
     def uses_master(self) -> bool:
@@ -79,8 +93,9 @@ class LaunchConfig:
         return self.rdzv_backend == DLROVER_BACKEND
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """torchrun's parser (same flags, same PET_* env defaults) with the dlrover flags added."""
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """torchrun's parser (same flags, same PET_* env defaults, from `env` when given) with the
+    dlrover flags added."""
     parser = get_args_parser()
     parser.prog = "dlrover-run"
     parser.description = (
@@ -89,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for action in parser._actions:
         if action.dest == "rdzv_backend":
-            action.default = os.environ.get("PET_RDZV_BACKEND", DLROVER_BACKEND)
+            action.default = (env or os.environ).get("PET_RDZV_BACKEND", DLROVER_BACKEND)
             action.help = (
                 f"Rendezvous backend: '{DLROVER_BACKEND}' (default: the dlrover master) or a "
                 "torch backend such as c10d or static."
@@ -216,8 +231,19 @@ def _nproc(value: str) -> int:
 def config_from_args(
     argv: Sequence[str] | None, env: Mapping[str, str]
 ) -> tuple[LaunchConfig, argparse.Namespace]:
-    """Parse argv (and the env it may name) into a LaunchConfig; LaunchConfigError if unusable."""
-    args = build_parser().parse_args(argv)
+    """Parse argv (and the env it may name) into a LaunchConfig; LaunchConfigError if unusable.
+    Under a job's master, torchrun's rendezvous flags and PET_* variables are replaced."""
+    parser = build_parser(env)
+    raise_usage_errors(parser)
+    replaced: tuple[str, ...] = ()
+    try:
+        apply_pet_env(parser, env)
+        if under_job_master(env):
+            args, replaced = parse_under_master(parser, argv, env, env[ENV_MASTER_ADDR])
+        else:
+            args = parser.parse_args(argv)
+    except UsageError as e:
+        raise LaunchConfigError(str(e)) from None
     min_nodes, max_nodes = _split_nnodes(args.nnodes)
     if not 0 < min_nodes <= max_nodes:
         raise LaunchConfigError(
@@ -352,6 +378,7 @@ def config_from_args(
         spare_workers=not (args.no_spare_workers or args.no_python or args.numa_binding),
         spare_low_priority=args.spare_priority == "low",
         exit_barrier_timeout=args.exit_barrier_timeout,
+        replaced=replaced,
     )
     return config, args
 

@@ -177,6 +177,7 @@ def build_agent(
     """The agent for this node, with its rendezvous and (when asked) its node check."""
     rdzv = _rendezvous(cfg, env, resources)
     resources.closers.append(rdzv.handler.shutdown)
+    _say_replaced(cfg, rdzv.reporter)
     spec = WorkerSpec(
         role=cfg.role,
         local_world_size=cfg.nproc_per_node,
@@ -312,6 +313,24 @@ def _start_flash_checkpoint(resources: _Resources) -> Any:
     return keeper
 
 
+def _usage_error(error: LaunchConfigError) -> int:
+    """Say what is wrong with the launch, torchrun-style, then as an exception line: a job's
+    master takes an exception before the first step as a start-up error and fails at once."""
+    print(f"dlrover-run: error: {error}", file=sys.stderr)
+    print(f"{type(error).__name__}: dlrover-run: {error}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def _say_replaced(cfg: LaunchConfig, reporter: AgentReporter) -> None:
+    """Once per node: which torchrun rendezvous flags and PET_* variables the master replaced."""
+    if cfg.replaced:
+        reporter.event(
+            "launcher_flags_replaced",
+            f"this job's master runs the rendezvous; replaced: {', '.join(cfg.replaced)}",
+            replaced=list(cfg.replaced),
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the dlrover-run console script."""
     logging.basicConfig(
@@ -322,8 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, _ = config_from_args(argv, os.environ)
     except LaunchConfigError as e:
-        print(f"dlrover-run: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(e)
     _prepare_process_env(cfg)
     resources = _Resources()
     try:
@@ -336,8 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dlrover-run: {e}", file=sys.stderr)
         return EXIT_EXCLUDED
     except LaunchConfigError as e:
-        print(f"dlrover-run: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(e)
     except SignalException as e:
         # torchrun lets the SignalException end the process: exit status 1 for any signal.
         print(f"dlrover-run: stopped by {e.sigval.name}; the workers were stopped", file=sys.stderr)

@@ -41,7 +41,7 @@ _DLROVER_RUN = ("python", "-m", "dlrover_torch.run")
 # torchrun and dlrover-run flags that take no value.
 _FLAGS_WITHOUT_VALUE = ("--standalone", "--no-python", "--run-path", "--no-spare-workers")
 _FLAGS_WITHOUT_VALUE += ("--network-check", "--exclude-straggler")
-_IGNORED_RDZV = ("rdzvBackend", "rdzvHost", "rdzvPort", "rdzvId", "rdzvConf")
+_IGNORED_RDZV = ("rdzvBackend", "rdzvHost", "rdzvPort", "rdzvId", "rdzvConf", "standalone")
 
 
 def is_kubeflow_manifest(data: object) -> bool:
@@ -203,22 +203,84 @@ def _torch_groups(
                 "Give them the same image and command",
             )
     nodes = sum(group.replicas for group, _ in found.values())
-    elastic = reader.mapping(spec.get("elasticPolicy") or {}, "spec.elasticPolicy")
-    reader.known(
-        elastic,
-        ("minReplicas", "maxReplicas", "maxRestarts", "nProcPerNode", *_IGNORED_RDZV),
-        "spec.elasticPolicy",
-    )
-    low = int(elastic.get("minReplicas") or nodes)
-    high = int(elastic.get("maxReplicas") or max(nodes, low))
-    nproc = elastic.get("nProcPerNode") or spec.get("nprocPerNode") or 1
-    flags = {"--nnodes": f"{low}:{high}" if low != high else str(low)}
-    flags["--nproc-per-node"] = str(nproc)
-    if elastic.get("maxRestarts") is not None:
-        flags["--max-restarts"] = str(elastic["maxRestarts"])
+    flags, high = _elastic_flags(reader, spec, nodes)
     command = _under_dlrover_run(reader, first.command, flags, first_path)
     worker = _replace(first, replicas=nodes, command=command, max_replicas=max(high, nodes))
     return {"worker": worker}, command, "chief"  # the rank-0 node is the PyTorchJob's Master
+
+
+def _elastic_flags(
+    reader: _Reader, spec: Mapping[str, Any], nodes: int
+) -> tuple[dict[str, str], int]:
+    """`elasticPolicy` (and `nprocPerNode`) as dlrover-run flags, and the most nodes."""
+    path = "spec.elasticPolicy"
+    elastic = reader.mapping(spec.get("elasticPolicy") or {}, path)
+    if "metrics" in elastic:
+        raise spec_error(
+            reader.source,
+            f"{path}.metrics",
+            "not supported by dlrover: it does not scale on HPA metrics (the job runs between "
+            "minReplicas and maxReplicas, relaunching lost nodes and taking back new ones)",
+            "Remove metrics",
+        )
+    reader.known(
+        elastic,
+        ("minReplicas", "maxReplicas", "maxRestarts", "nProcPerNode", *_IGNORED_RDZV),
+        path,
+    )
+    low = _count(reader, elastic.get("minReplicas"), f"{path}.minReplicas", nodes)
+    high = _count(reader, elastic.get("maxReplicas"), f"{path}.maxReplicas", max(nodes, low))
+    if low > high:
+        raise spec_error(
+            reader.source,
+            path,
+            f"minReplicas {low} is above maxReplicas {high}",
+            "Give minReplicas <= maxReplicas",
+        )
+    nproc = elastic.get("nProcPerNode") or spec.get("nprocPerNode") or 1
+    if not re.fullmatch(r"[1-9]\d*|auto|cpu|gpu", str(nproc)):
+        where = f"{path}.nProcPerNode" if elastic.get("nProcPerNode") else "spec.nprocPerNode"
+        raise spec_error(
+            reader.source, where, f"{nproc!r} is not a process count", "Give 1, 2, ... or auto"
+        )
+    flags = {"--nnodes": f"{low}:{high}" if low != high else str(low)}
+    flags["--nproc-per-node"] = str(nproc)
+    if elastic.get("maxRestarts") is not None:
+        flags["--max-restarts"] = str(
+            _count(reader, elastic["maxRestarts"], f"{path}.maxRestarts", 0, least=0)
+        )
+    conf = _rdzv_conf(reader, elastic.get("rdzvConf"), f"{path}.rdzvConf")
+    if conf:
+        flags["--rdzv-conf"] = conf
+    return flags, high
+
+
+def _count(reader: _Reader, value: object, path: str, default: int, least: int = 1) -> int:
+    """A whole number field (`default` when absent), at least `least`."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise spec_error(
+            reader.source, path, f"{value!r} is not a whole number >= {least}", "Fix the value"
+        )
+    return value
+
+
+def _rdzv_conf(reader: _Reader, conf: object, path: str) -> str:
+    """`rdzvConf` ([{key, value}]) as --rdzv-conf; the master's rendezvous reads its timeouts
+    (join_timeout, last_call_timeout) and ignores the keys of torch's own backends."""
+    if conf is None:
+        return ""
+    if not isinstance(conf, list):
+        raise spec_error(
+            reader.source, path, f"expected a list, got {kind_of(conf)}", "Use [{key, value}]"
+        )
+    items = []
+    for i, item in enumerate(conf):
+        item = reader.mapping(item, f"{path}[{i}]")
+        reader.known(item, ("key", "value"), f"{path}[{i}]")
+        items.append(f"{item.get('key')}={item.get('value', '')}")
+    return ",".join(items)
 
 
 def _under_dlrover_run(

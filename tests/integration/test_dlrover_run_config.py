@@ -147,5 +147,5 @@ def test_node_check_verdict():
 def test_spares_warm_at_low_priority_unless_asked_otherwise():
     assert cfg(SCRIPT).spare_low_priority
     assert not cfg("--spare-priority", "normal", SCRIPT).spare_low_priority
-    with pytest.raises(SystemExit):
+    with pytest.raises(LaunchConfigError, match="--spare-priority: invalid choice: 'high'"):
         cfg("--spare-priority", "high", SCRIPT)
