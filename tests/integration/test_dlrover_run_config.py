@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from dlrover_torch.hang import HangConfig, HangDetector
@@ -149,3 +154,67 @@ def test_spares_warm_at_low_priority_unless_asked_otherwise():
     assert not cfg("--spare-priority", "normal", SCRIPT).spare_low_priority
     with pytest.raises(LaunchConfigError, match="--spare-priority: invalid choice: 'high'"):
         cfg("--spare-priority", "high", SCRIPT)
+
+
+PROBE = """
+import json, os, sys
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+         "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+         "MASTER_ADDR", "MASTER_PORT")
+with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as f:
+    json.dump({k: os.environ.get(k) for k in names}, f)
+"""
+
+
+def _probe(tmp_path, launcher: list[str], tag: str, env: dict[str, str]) -> dict[str, dict]:
+    """Run the probe under a launcher; the variables each rank saw, by rank."""
+    from tests.integration.dlrover_run_helpers import REPO, base_env
+
+    out = tmp_path / tag
+    out.mkdir()
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    proc = subprocess.run(
+        [*launcher, str(script), str(out)],
+        env=base_env(**env),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+@pytest.mark.timeout(300)
+def test_torchruns_pet_variables_give_the_script_the_same_environment(tmp_path):
+    """Parity probe: one script under torchrun and under dlrover-run, with the PET_* variables
+    Kubeflow's operator sets and a c10d rendezvous; the script sees the same variables."""
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def pet() -> dict[str, str]:
+        return {
+            "PET_NNODES": "1",
+            "PET_NPROC_PER_NODE": "2",
+            "PET_MAX_RESTARTS": "3",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "PET_RDZV_ID": "parity",
+        }
+
+    python = [sys.executable, "-m"]
+    torchrun = _probe(tmp_path, [*python, "torch.distributed.run"], "torchrun", pet())
+    ours = _probe(tmp_path, [*python, "dlrover_torch.run"], "dlrover", pet())
+    assert sorted(torchrun) == sorted(ours) == ["0", "1"], (torchrun, ours)
+    for rank in ("0", "1"):
+        theirs, mine = dict(torchrun[rank]), dict(ours[rank])
+        assert theirs.pop("MASTER_ADDR") and mine.pop("MASTER_ADDR")
+        assert int(theirs.pop("MASTER_PORT")) > 0 and int(mine.pop("MASTER_PORT")) > 0
+        assert mine == theirs, rank
+        assert (mine["WORLD_SIZE"], mine["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+        assert mine["TORCHELASTIC_RUN_ID"] == "parity"
