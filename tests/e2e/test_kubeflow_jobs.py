@@ -144,7 +144,7 @@ while time.time() - start < seconds:
     t = torch.ones(1)
     dist.all_reduce(t)
     time.sleep(0.2)
-say(event="done", rank=rank, world=world, restart=env["TORCHELASTIC_RESTART_COUNT"])
+say(event="done", rank=rank, world=world, port=env["MASTER_PORT"])
 dist.destroy_process_group()
 """
 
@@ -165,15 +165,14 @@ def echo_job(command: list[str], replicas: int = 2) -> dict:
             "pytorchReplicaSpecs": {
                 "Worker": {
                     "replicas": replicas,
-                    "restartPolicy": "OnFailure",
                     "template": {
                         "spec": {
                             "containers": [
                                 {
                                     "name": "pytorch",
-                                    "image": "kubeflow/pytorch-elastic-example-echo:latest",
+                                    "image": "kubeflow/pytorch-elastic-example-echo:1.0.0",
                                     "imagePullPolicy": "IfNotPresent",
-                                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                                    "env": [{"name": "LOGLEVEL", "value": "DEBUG"}],
                                     "command": command,
                                 }
                             ]
@@ -231,7 +230,8 @@ def test_wrong_launcher_flags_fail_the_job_in_one_attempt_naming_the_flag(tmp_pa
 def test_the_echo_job_training_20s_survives_a_worker_killed_half_way(tmp_path):
     (tmp_path / "echo.py").write_text(ECHO_PY)
     command = ["python", "-m", "torch.distributed.run", "--rdzv_backend=c10d", "./echo.py", "20"]
-    summary, _ = submit(tmp_path, echo_job(command), "--kill", "worker:1@10s")
+    # the workers meet about 10 s after the start and train for 20 s: 20 s is half way
+    summary, _ = submit(tmp_path, echo_job(command), "--kill", "worker:1@20s")
     assert summary["status"] == "succeeded", summary
     kinds = [e["kind"] for e in summary["events"]]
     assert "fault" in kinds, kinds
@@ -247,4 +247,9 @@ def test_the_echo_job_training_20s_survives_a_worker_killed_half_way(tmp_path):
     out = read_out(tmp_path)
     done = [e for e in out if e["event"] == "done"]
     assert sorted(e["rank"] for e in done) == [0, 1] and {e["world"] for e in done} == {2}, out
-    assert any(e["world"] == 1 for e in out if e["event"] == "barrier"), out
+    barriers = [e for e in out if e["event"] == "barrier"]
+    # killed while training: the first group of two met, the survivor went on alone, then the
+    # relaunched worker rejoined it in a new group of two
+    assert [e["world"] for e in barriers[:2]] == [2, 2], out
+    assert any(e["world"] == 1 for e in barriers[2:]), out
+    assert barriers[0]["env"]["MASTER_PORT"] != done[0]["port"], out
