@@ -212,12 +212,20 @@ def test_kubeflows_elastic_echo_job_runs_on_the_masters_rendezvous(tmp_path):
     assert "replaced: --rdzv-backend c10d" in logs, logs[-3000:]
 
 
-def test_wrong_launcher_flags_fail_the_job_in_one_attempt_naming_the_flag(tmp_path):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rdzv_bakend=c10d", "./echo.py"], "unrecognized arguments: --rdzv_bakend=c10d"),
+        (["--rdzv_backend=c10d", "./ehco.py"], "training script './ehco.py' not found"),
+    ],
+    ids=["bad-flag", "missing-script"],
+)
+def test_launcher_errors_fail_the_job_in_one_attempt_with_its_message(tmp_path, args, message):
     (tmp_path / "echo.py").write_text(ECHO_PY)
-    command = ["python", "-m", "torch.distributed.run", "--rdzv_bakend=c10d", "./echo.py"]
+    command = ["python", "-m", "torch.distributed.run", *args]
     summary, _ = submit(tmp_path, echo_job(command), ok=False)
     assert summary["status"] == "failed", summary
-    assert "unrecognized arguments: --rdzv_bakend=c10d" in summary["reason"], summary["reason"]
+    assert message in summary["reason"], summary["reason"]
     assert "at start-up" in summary["reason"], summary["reason"]
     assert read_out(tmp_path) == []
     # one incarnation per worker: nothing relaunched
