@@ -6,6 +6,7 @@ Persistence to disk runs elsewhere: in the node agent under ``dlrover-run`` (fou
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from dlrover_torch.checkpoint import env, layout, shm, storage
+from dlrover_torch.checkpoint import env, layout, lease, shm, shm_clean, storage
 from dlrover_torch.checkpoint.client import ServiceClient
 from dlrover_torch.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from dlrover_torch.checkpoint.memory import HostBuffer, MemoryCopy, MemoryStore
@@ -29,9 +30,12 @@ Storage = Literal["memory", "disk"]
 
 
 def standalone_namespace(checkpoint_dir: str) -> str:
-    """The shm namespace of a checkpoint directory when no agent provides one."""
-    digest = hashlib.sha1(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:12]
-    return f"dlrover-fc-{os.getuid()}-{digest}"
+    """The shm namespace of a checkpoint directory when no agent provides one: the user, the
+    directory's name (so ``ls /dev/shm`` tells whose it is) and a hash of its path."""
+    path = os.path.abspath(checkpoint_dir)
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "_." else "_" for c in os.path.basename(path))[:24]
+    return f"dlrover-fc-{os.getuid()}-{name or 'root'}-{digest}"
 
 
 def _dist_info() -> tuple[int, int]:
@@ -94,17 +98,28 @@ class Checkpointer:
         self.last_load_source: str | None = None
         address = service_address or env.service_address_from_env()
         self._agent_mode = address is not None
-        if address is not None:
+        if address is not None:  # the agent owns the segments (and keeps them for a restart)
             self._client = ServiceClient.connect(address)
             namespace = self._client.namespace
             self._client_ready = threading.Event()
             self._client_ready.set()
-        else:
+        self._lease: lease.Lease | None = None
+        self._closed = False
+        if address is None:
             namespace = standalone_namespace(self.checkpoint_dir)
+            # This process owns its rank's segments: at exit they go, after a death they go
+            # once the grace has passed without a restart (the service reaps them).
+            self._orphan_grace = env.orphan_grace_from_env()
+            self._take_lease(namespace, shm_dir)
+            self._owner_pid = os.getpid()
+            atexit.register(self._at_exit)
             # Start the persister now, off the training thread, so no save waits for it.
             self._client_ready = threading.Event()
             threading.Thread(
-                target=self._spawn_service, args=(namespace,), name="ckpt-spawn", daemon=True
+                target=self._spawn_service,
+                args=(namespace, shm_dir),
+                name="ckpt-spawn",
+                daemon=True,
             ).start()
         self.memory = MemoryStore(namespace, self.rank, self.world, memory_slots, shm_dir)
 
@@ -192,12 +207,18 @@ class Checkpointer:
         ``remove_memory`` defaults to True standalone (training is over) and False under an
         agent (the agent owns the segments).
         """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
         try:
             self.wait()
         finally:
             if remove_memory is None:
                 remove_memory = not self._agent_mode
             self.memory.close(unlink=remove_memory)
+            if self._lease is not None:
+                self._lease.release(remove=remove_memory)
             self._client_ready.wait(timeout=60)
             if self._client is not None:
                 self._client.close()
@@ -214,9 +235,34 @@ class Checkpointer:
         self._client_ready.wait()
         return self._client.proc if self._client is not None else None
 
-    def _spawn_service(self, namespace: str) -> None:
+    def _take_lease(self, namespace: str, shm_dir: str) -> None:
+        path = lease.lease_path(namespace, self.rank, shm_dir)
+        info = lease.owner_info("standalone", dir=self.checkpoint_dir, rank=self.rank)
+        self._lease = lease.Lease.take(path, info)
+        if self._lease is None:
+            log.warning(
+                "another live process (%s) owns the shared memory of %s rank %d; it removes it",
+                lease.read_info(path).get("pid", "?"),
+                self.checkpoint_dir,
+                self.rank,
+            )
+
+    def _at_exit(self) -> None:
+        """The script ended without close(): finish persists and free the memory copy."""
+        if os.getpid() != self._owner_pid:  # a forked child exiting: the memory is not its own
+            return
         try:
-            self._client = ServiceClient.spawn(namespace)
+            self.close(remove_memory=self._lease is not None)
+        except BaseException:
+            log.exception("closing the checkpointer of %s at exit failed", self.checkpoint_dir)
+
+    def _spawn_service(self, namespace: str, shm_dir: str) -> None:
+        try:
+            try:  # segments of this user's dead runs, past their grace
+                shm_clean.sweep(shm_dir, self._orphan_grace)
+            except OSError as exc:
+                log.warning("sweeping ownerless checkpoint memory in %s failed: %s", shm_dir, exc)
+            self._client = ServiceClient.spawn(namespace, shm_dir, self._orphan_grace)
         except BaseException as exc:  # surfaced by the first disk save
             self._client_error = exc
         finally:

@@ -55,8 +55,10 @@ class ServiceClient:
         return cls(sock, str(hello["namespace"]), proc)
 
     @classmethod
-    def spawn(cls, namespace: str) -> ServiceClient:
-        """Start a standalone service process for this training process and connect to it."""
+    def spawn(cls, namespace: str, shm_dir: str, orphan_grace_s: float) -> ServiceClient:
+        """Start a standalone service process for this training process and connect to it.
+
+        Once this process is gone it also reaps the namespace's ownerless shared memory."""
         cmd = [
             sys.executable,
             "-m",
@@ -65,6 +67,10 @@ class ServiceClient:
             namespace,
             "--parent-pid",
             str(os.getpid()),
+            "--shm-dir",
+            shm_dir,
+            "--orphan-grace",
+            str(orphan_grace_s),
         ]
         # Own session: a signal to the training job's process group must not cut a persist short.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)

@@ -6,8 +6,8 @@ import logging
 import os
 import shutil
 
-from dlrover_torch.checkpoint import shm
-from dlrover_torch.checkpoint.env import SERVICE_ENV
+from dlrover_torch.checkpoint import lease, shm, shm_clean
+from dlrover_torch.checkpoint.env import DEFAULT_ORPHAN_GRACE_S, SERVICE_ENV
 from dlrover_torch.checkpoint.persister import PersistResult
 from dlrover_torch.checkpoint.service import PersistService
 from dlrover_torch.checkpoint.socket_dir import hold_owner_lock, make_socket_dir
@@ -34,6 +34,7 @@ class AgentCheckpointKeeper:
         key: str | None = None,
         stop_persist_timeout: float = DEFAULT_STOP_PERSIST_TIMEOUT_S,
         shm_dir: str = shm.SHM_DIR,
+        orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
     ) -> None:
         key = key or f"agent{os.getpid()}"
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
@@ -43,6 +44,17 @@ class AgentCheckpointKeeper:
         self._dir = os.path.dirname(sock)
         self._owner_lock = hold_owner_lock(sock)
         self.shm_dir = shm_dir
+        # The node's segments are this agent's: kept across worker restarts while it lives,
+        # freed by close(), and by the next sweep on this machine if the agent dies.
+        try:
+            shm_clean.sweep(shm_dir, orphan_grace_s)
+        except OSError as exc:
+            log.warning("sweeping ownerless checkpoint memory in %s failed: %s", shm_dir, exc)
+        self._lease = lease.Lease.take(
+            lease.lease_path(self.namespace, None, shm_dir), lease.owner_info("agent", key=key)
+        )
+        if self._lease is None:
+            log.warning("another live agent holds checkpoint namespace %s", self.namespace)
         self._service = PersistService(sock, self.namespace, shm_dir)
         self._started = False
 
@@ -74,3 +86,5 @@ class AgentCheckpointKeeper:
                 shm.unlink_quietly(path)
         shutil.rmtree(self._dir, ignore_errors=True)
         self._owner_lock.close()
+        if self._lease is not None:
+            self._lease.release(remove=remove_memory)

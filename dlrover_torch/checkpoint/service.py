@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from dlrover_torch.checkpoint import shm
+from dlrover_torch.checkpoint import shm, shm_clean
 from dlrover_torch.checkpoint.persister import PersistResult, persist_slot, read_slot_config
 from dlrover_torch.checkpoint.socket_dir import hold_owner_lock, make_socket_dir
 
@@ -222,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="the process that started this service: once it is gone, nobody will connect",
     )
+    parser.add_argument("--shm-dir", default=shm.SHM_DIR)
+    parser.add_argument(
+        "--orphan-grace",
+        type=float,
+        default=None,
+        help="once the training process is gone, free its shared memory after this many seconds",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("DLROVER_CKPT_LOG_LEVEL", "INFO"),
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     # "ready" on stdout.
     socket_path = make_socket_dir()
     owner_lock = hold_owner_lock(socket_path)
-    service = PersistService(socket_path, args.namespace)
+    service = PersistService(socket_path, args.namespace, args.shm_dir)
     service.start()
     try:
         sys.stdout.write(f"ready {socket_path}\n")
@@ -247,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     service.close(unlink_segments=False)  # a restarted worker reloads from these
     shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
     owner_lock.close()
+    # The training process died (a close() waits for this process, so it cannot be that): free
+    # its memory once the grace has passed, unless a restart took it over meanwhile.
+    if args.orphan_grace is not None and os.getppid() != args.parent_pid:
+        shm_clean.reap(args.shm_dir, args.namespace, args.orphan_grace)
     return 0
 
 

@@ -276,7 +276,11 @@ def slot_paths(namespace: str, directory: str = SHM_DIR) -> list[str]:
     except FileNotFoundError:
         return []
     prefix = namespace + "-r"
-    return sorted(os.path.join(directory, n) for n in names if n.startswith(prefix))
+    return sorted(
+        os.path.join(directory, n)
+        for n in names
+        if n.startswith(prefix) and not n.endswith(".lease")  # the owner's lease, not a slot
+    )
 
 
 def slot_path(namespace: str, rank: int, slot: int, directory: str = SHM_DIR) -> str:

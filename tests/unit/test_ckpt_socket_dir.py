@@ -131,5 +131,5 @@ def test_a_training_process_killed_before_its_service_started_leaves_no_folder(
 
     monkeypatch.setattr(client.subprocess, "Popen", killed)
     with pytest.raises(KeyboardInterrupt):
-        client.ServiceClient.spawn(f"test-{os.getpid()}")
+        client.ServiceClient.spawn(f"test-{os.getpid()}", str(tmp_path), 0.0)
     assert list(tmp_path.iterdir()) == []
