@@ -17,7 +17,7 @@ from master.client.env import read_position_base
 from master.client.files import FORMATS, FileSet, Order, ShardReader, open_files
 from master.client.files.agreement import check_same_files
 from master.client.files.cache import default_cache_dirs
-from master.client.files.elements import BlobCarrier
+from master.client.files.elements import byte_element, grouped
 from master.client.files.elements import columns as file_columns
 from master.client.files.parquet import FORMAT as PARQUET
 from master.pb import data_pb2
@@ -30,6 +30,8 @@ SHARD_WAIT_MS = 5_000
 # MIN_BLOCK records.
 BLOCK_BATCHES = 16
 MIN_BLOCK = 4096
+# Batches of a file dataset crossing into tf.data together (a generator element costs ~0.5 ms).
+GROUP_BATCHES = 16
 
 
 class ShardSource(Protocol):
@@ -175,17 +177,22 @@ class ShardedDataset:
         for parts in self.batched_parts(_IndexSource.of):
             yield np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-    def batched_parts(self, open_shard: Callable[[data_pb2.Shard], ShardSource]) -> Iterator[list]:
+    def batched_parts(
+        self, open_shard: Callable[[data_pb2.Shard], ShardSource], before_wait: Any = None
+    ) -> Iterator[Any]:
         """Batches of `batch_size` records (the last may be short), each the list of parts
         `open_shard(shard).take(n)` returned; the tracker learns which shard records each
-        batch holds as it is yielded. A new iteration first hands back what an earlier one
-        in this process held."""
+        batch holds as it is yielded. `before_wait`, when given, is yielded before each ask
+        that may wait on the master (a consumer grouping batches sends what it has). A new
+        iteration first hands back what an earlier one in this process held."""
         self.client.return_shards(self.name)
         self.tracker.reset()
         parts: list[Any] = []
         segments: list[tuple[int, int]] = []
         have = 0
         while True:
+            if not have and before_wait is not None:
+                yield before_wait
             reply = self.client.get_shard(self.name, wait_ms=0 if have else SHARD_WAIT_MS)
             if reply.status == data_pb2.GetShardReply.SHARD:
                 shard = reply.shard
@@ -383,17 +390,21 @@ class FileShardedDataset(ShardedDataset):
         for parts in self.batched_parts(numbers):
             yield np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-    def elements(self) -> Iterator[Any]:
-        """Each batch as (blob, starts, lengths, carried) (TFRecord, text; see
-        master.client.files.elements.BlobCarrier), or a dict of numpy columns (Parquet)."""
-        if self.format == PARQUET:
-            names = self.files.columns or list(self.files.schema.names)
-            for parts in self.batched_parts(self._open_shard):
-                yield file_columns(parts, names)
-            return
-        carrier = BlobCarrier()
-        for parts in self.batched_parts(self._open_shard):
-            yield carrier.element(parts)
+    def elements(self) -> Iterator[tuple]:
+        """Runs of up to GROUP_BATCHES batches, each batch's size last: (blob, starts,
+        lengths, sizes) (TFRecord, text; see master.client.files.elements.byte_element), or
+        (numpy columns, sizes) (Parquet)."""
+        wait = object()
+        runs = grouped(self.batched_parts(self._open_shard, wait), wait, GROUP_BATCHES)
+        names = self.files.columns or (
+            list(self.files.schema.names) if self.format == PARQUET else []
+        )
+        for parts, sizes in runs:
+            counts = np.asarray(sizes, dtype=np.int64)
+            if self.format == PARQUET:
+                yield file_columns(parts, names), counts
+            else:
+                yield (*byte_element(parts), counts)
 
     def to_tf_dataset(  # type: ignore[override]
         self, parse_fn: Callable | None = None, prefetch: int = 2, parallel_parse: int = 2
@@ -407,9 +418,8 @@ class FileShardedDataset(ShardedDataset):
         from dlrover_tf.file_input import byte_batches, column_batches
 
         if self.format == PARQUET:
-            ds = column_batches(self.elements, self.files.schema, self.files.columns)
-            if parse_fn is not None:
-                ds = ds.map(parse_fn, num_parallel_calls=parallel_parse, deterministic=True)
+            schema, names = self.files.schema, self.files.columns
+            ds = column_batches(self.elements, schema, names, parse_fn, parallel_parse)
         else:
             ds = byte_batches(self.elements, parse_fn, parallel_parse)
         options = tf.data.Options()

@@ -11,10 +11,10 @@ import tensorflow as tf
 from master.client.files.errors import DataFileError
 
 _ELEMENT = (
-    tf.TensorSpec([], tf.string),  # blob: the bytes of this element's new records
-    tf.TensorSpec([None], tf.int64),  # starts of the batch's records in their blob
+    tf.TensorSpec([], tf.string),  # blob: the bytes of a run of batches
+    tf.TensorSpec([None], tf.int64),  # starts of the records in it
     tf.TensorSpec([None], tf.int64),  # their lengths
-    tf.TensorSpec([], tf.int64),  # carried: the first records are in the blob held before
+    tf.TensorSpec([None], tf.int64),  # the size of each batch
 )
 
 
@@ -23,34 +23,41 @@ def byte_batches(
 ) -> tf.data.Dataset:
     """Batches of serialized records (a 1-D tf.string tensor each), `parse_fn` applied.
 
-    The generator gives a window's bytes once; a scan holds them for the batches that follow
-    (a tensor is passed on by reference), and `tf.strings.substr` cuts each batch's records out
-    in C++: no Python object per record."""
+    A generator element carries several batches in one blob; `tf.strings.substr` cuts the
+    records out in C++ (no Python object per record), then they are split into batches."""
     ds = tf.data.Dataset.from_generator(elements, output_signature=_ELEMENT)
 
-    def hold(held: tf.Tensor, element: tuple) -> tuple:
-        blob, starts, lengths, carried = element
-        fresh = carried < tf.size(starts, out_type=tf.int64)
-        new_held = tf.cond(fresh, lambda: blob, lambda: held)
-        return new_held, (held, blob, starts, lengths, carried)
+    def cut(blob, starts, lengths, sizes) -> tuple:
+        return tf.strings.substr(blob, starts, lengths), sizes
 
-    def cut(held, blob, starts, lengths, carried) -> Any:
-        old = tf.strings.substr(held, starts[:carried], lengths[:carried])
-        new = tf.strings.substr(blob, starts[carried:], lengths[carried:])
-        records = tf.concat([old, new], axis=0)
-        return records if parse_fn is None else parse_fn(records)
+    ds = ds.map(cut, num_parallel_calls=parallel, deterministic=True)
+    ds = ds.flat_map(_split)
+    return ds if parse_fn is None else ds.map(parse_fn, parallel, deterministic=True)
 
-    ds = ds.scan(tf.constant(b"", tf.string), hold)
-    return ds.map(cut, num_parallel_calls=parallel, deterministic=True)
+
+def _split(values: Any, sizes: tf.Tensor) -> tf.data.Dataset:
+    """The rows of `values` (a tensor or a dict of them) as consecutive batches of `sizes`."""
+    ends = tf.cumsum(sizes)
+    bounds = tf.stack([ends - sizes, ends], axis=1)
+    return tf.data.Dataset.from_tensor_slices(bounds).map(
+        lambda b: tf.nest.map_structure(lambda v: v[b[0] : b[1]], values)
+    )
 
 
 def column_batches(
-    elements: Callable[[], Iterator[dict]], schema: Any, columns: list[str] | None
+    elements: Callable[[], Iterator[tuple]],
+    schema: Any,
+    columns: list[str] | None,
+    parse_fn: Callable | None,
+    parallel: int,
 ) -> tf.data.Dataset:
-    """Batches of Parquet rows as a dict of tensors, one per column."""
+    """Batches of Parquet rows as a dict of tensors, one per column, `parse_fn` applied."""
     names = columns or list(schema.names)
     signature = {name: column_spec(schema.field(name), name) for name in names}
-    return tf.data.Dataset.from_generator(elements, output_signature=signature)
+    sizes = tf.TensorSpec([None], tf.int64)
+    ds = tf.data.Dataset.from_generator(elements, output_signature=(signature, sizes))
+    ds = ds.flat_map(_split)
+    return ds if parse_fn is None else ds.map(parse_fn, parallel, deterministic=True)
 
 
 def column_spec(field: Any, name: str) -> tf.TensorSpec:
@@ -62,12 +69,11 @@ def column_spec(field: Any, name: str) -> tf.TensorSpec:
     width: list[int] = []
     if pa.types.is_fixed_size_list(kind):
         width, kind = [kind.list_size], kind.value_type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
-        dtype = tf.string
-    elif pa.types.is_large_binary(kind):
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+    if any(is_kind(kind) for is_kind in (*strings, pa.types.is_large_binary)):
         dtype = tf.string
     elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        dtype = tf.as_dtype(kind.to_pandas_dtype())
+        dtype = tf.as_dtype(pa.array([], type=kind).to_numpy(zero_copy_only=False).dtype)
     else:
         raise DataFileError(
             f"column {name!r} is of type {field.type}, which has no tensor here (numbers, "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from master.client.files import Order, ShardReader, open_files
-from master.client.files.elements import BlobCarrier, columns
+from master.client.files import Order, ShardReader, open_files, shard_reader
+from master.client.files.elements import byte_element, columns, grouped
 from master.client.files.spans import ByteFile
 from tests.unit.files_data import ids_of, write_parquet, write_text, write_tfrecord
 
@@ -63,12 +63,18 @@ def test_a_shard_reads_its_positions_records_in_order(tfrecords, shuffle):
         assert ids_of(_read_all(ShardReader(tfrecords, order, start, end, 3), 64)) == expected
 
 
-def test_in_order_parts_are_read_one_run_each_across_files(tfrecords, reads):
+def test_in_order_records_are_read_in_runs_one_read_per_file(tfrecords, reads, monkeypatch):
     order = Order(tfrecords.size)
-    _read_all(ShardReader(tfrecords, order, 600, 2100, 0), 256)
-    # Parts of 256 records; a part over a file's end reads both files, once each.
+    records = _read_all(ShardReader(tfrecords, order, 600, 2100, 0), 100)
+    assert ids_of(records) == list(range(600, 2100))
+    # One run: the rest of file 0, file 2 whole (file 1 is empty), the start of file 3.
+    assert reads == [(600, 700), (0, 1300), (0, 100)]
+    reads.clear()
+    monkeypatch.setattr(shard_reader, "RUN_RECORDS", 256)
+    _read_all(ShardReader(tfrecords, order, 600, 2100, 0), 100)
+    # Runs of 256; one over a file's end reads both files, once each.
     assert reads[:4] == [(600, 700), (0, 156), (156, 412), (412, 668)]
-    assert len(reads) == 8
+    assert len(reads) == 8  # six runs, two of them over a file end
 
 
 def test_a_shuffled_window_is_read_once_whatever_the_parts(tfrecords, reads):
@@ -85,44 +91,52 @@ def test_a_remainder_starting_mid_window_reads_that_window_once(tfrecords, reads
     assert sum(hi - lo for lo, hi in reads) <= 512  # at most the window, not a read a record
 
 
-def _consume(carrier_out, held):
-    """What a tf.data consumer of BlobCarrier elements cuts out: (records, held blob)."""
-    blob, starts, lengths, carried = carrier_out
-    old = [held[s : s + n] for s, n in zip(starts[:carried], lengths[:carried], strict=True)]
-    new = [blob[s : s + n] for s, n in zip(starts[carried:], lengths[carried:], strict=True)]
-    if carried < len(starts):
-        held = blob
-    else:
-        assert blob == b""  # nothing new: no bytes cross again
-    return old + new, held
+def _cut(element):
+    """What tf.data cuts out of a byte element: the records."""
+    blob, starts, lengths = element
+    return [blob[s : s + n] for s, n in zip(starts, lengths, strict=True)]
 
 
 @pytest.mark.parametrize("shuffle,batch", [(False, 100), (True, 100), (True, 1000)])
-def test_blob_elements_give_each_batch_its_records(tfrecords, shuffle, batch):
+def test_byte_elements_of_grouped_batches_give_each_record_once(tfrecords, shuffle, batch):
     order = Order(tfrecords.size, shuffle, block=512, window=512, seed=2)
     shards = [(0, 333), (333, 1200), (1200, 1250), (1250, 2500)]
     expected = np.concatenate([order.records(a, b, 1) for a, b in shards]).tolist()
-    readers = [ShardReader(tfrecords, order, a, b, 1) for a, b in shards]
-    carrier, held, got, blobs = BlobCarrier(), b"", [], 0
-    batch_parts: list = []
-    have = 0
-    for reader in readers:  # as ShardedDataset.batched_parts cuts them
-        while reader.remaining:
-            part = reader.take(batch - have)
-            batch_parts.append(part)
-            have += len(part)
-            if have == batch:
-                element = carrier.element(batch_parts)
-                blobs += element[0] != b""
-                records, held = _consume(element, held)
-                got.extend(records)
-                batch_parts, have = [], 0
-    if batch_parts:
-        got.extend(_consume(carrier.element(batch_parts), held)[0])
+    flush = object()
+
+    def batches():  # as ShardedDataset.batched_parts cuts them, a flush before each shard
+        parts, have = [], 0
+        for a, b in shards:
+            if not have:
+                yield flush
+            reader = ShardReader(tfrecords, order, a, b, 1)
+            while reader.remaining:
+                part = reader.take(batch - have)
+                parts.append(part)
+                have += len(part)
+                if have == batch:
+                    yield parts
+                    parts, have = [], 0
+        if parts:
+            yield parts
+
+    got, runs = [], []
+    for parts, sizes in grouped(batches(), flush, 4):
+        assert 1 <= len(sizes) <= 4 and all(n <= batch for n in sizes)
+        records = _cut(byte_element(parts))
+        assert len(records) == sum(sizes)
+        got.extend(records)
+        runs.append(sizes)
     assert ids_of(got) == expected
-    if shuffle and batch == 100:
-        # A window's bytes go out once, not with each of its batches.
-        assert blobs < len(expected) // batch // 2
+    sizes = [n for run in runs for n in run]
+    assert all(n == batch for n in sizes[:-1]) and sum(sizes) == len(expected)
+
+
+def test_grouped_sends_what_it_has_before_a_wait():
+    flush = object()
+    stream = [[range(3)], flush, [range(2)], [range(5)], [range(1)], flush, flush, [range(4)]]
+    runs = list(grouped(stream, flush, 2))
+    assert [sizes for _, sizes in runs] == [[3], [2, 5], [1], [4]]
 
 
 def test_text_records_are_lines_without_their_ends(tmp_path):

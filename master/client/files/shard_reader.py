@@ -28,9 +28,13 @@ class Part:
         return len(self.picks)
 
 
+# Records read at once where they are read in order (fewer at a shard's end).
+RUN_RECORDS = 4096
+
+
 class ShardReader:
-    """Positions [start, end) of `epoch` in `order`: each window's records are read in one run
-    when first needed (one seek), in order runs are read as asked (one seek each)."""
+    """Positions [start, end) of `epoch` in `order`: each shuffled window's records are read
+    in one run when first needed (one seek), records in order in runs of RUN_RECORDS."""
 
     def __init__(self, files: FileSet, order: Order, start: int, end: int, epoch: int) -> None:
         self._files = files
@@ -38,7 +42,9 @@ class ShardReader:
         self._chunks: Iterator[Chunk] = order.chunks(start, end, epoch)
         self._chunk: Chunk | None = None
         self._done = 0  # records of the current chunk handed out
-        self._loaded: Any = None  # the current shuffled window's records, once read
+        self._loaded: Any = None  # the records read last: a window, or a run in order
+        self._loaded_lo = 0  # the first of them
+        self._loaded_hi = 0
         self.remaining = end - start
 
     def take(self, n: int) -> Part:
@@ -53,14 +59,20 @@ class ShardReader:
         k = min(n, chunk.last - chunk.first - self._done)
         if chunk.records is None:
             lo = chunk.lo + self._done
-            part = Part(self._read(lo, lo + k), slice(0, k))
+            if self._loaded is None or lo >= self._loaded_hi:
+                self._load(lo, min(chunk.hi, lo + RUN_RECORDS))
+            k = min(k, self._loaded_hi - lo)
+            first = lo - self._loaded_lo
+            part = Part(self._loaded, slice(first, first + k))
         else:
             if self._loaded is None:
-                self._loaded = self._read(chunk.lo, chunk.hi)
+                self._load(chunk.lo, chunk.hi)
             part = Part(self._loaded, chunk.records[self._done : self._done + k] - chunk.lo)
         self._done += k
         self.remaining -= k
         return part
 
-    def _read(self, lo: int, hi: int) -> Any:
-        return self._files.read_rows(lo, hi) if self._rows else self._files.read_span(lo, hi)
+    def _load(self, lo: int, hi: int) -> None:
+        files = self._files
+        self._loaded = files.read_rows(lo, hi) if self._rows else files.read_span(lo, hi)
+        self._loaded_lo, self._loaded_hi = lo, hi
