@@ -2,7 +2,16 @@
 
 from setuptools import find_packages, setup
 
-TF = ["tensorflow-cpu==2.15.1", "tensorflow-estimator==2.15.0", "keras==2.15.0", "numpy==1.26.4"]
+# pyarrow reads Parquet files and google-crc32c checks TFRecord files for
+# ShardedDataset.from_files (master.client.files imports them only when used).
+TF = [
+    "tensorflow-cpu==2.15.1",
+    "tensorflow-estimator==2.15.0",
+    "keras==2.15.0",
+    "numpy==1.26.4",
+    "pyarrow==25.0.1",
+    "google-crc32c==1.9.0",
+]
 TORCH = ["torch==2.13.0"]
 RAY = ["ray==2.60.0"]
 K8S = ["kubernetes==37.0.2"]
