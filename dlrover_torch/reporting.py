@@ -7,9 +7,11 @@ import logging
 import time
 from typing import Any, Protocol
 
+from master.client import AGENT_EVENTS_KEY
+
 log = logging.getLogger(__name__)
 
-EVENTS_PREFIX = "dlrover/events"
+EVENTS_PREFIX = AGENT_EVENTS_KEY.decode()
 NODE_CHECK_PREFIX = "dlrover/node_check"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "AGENT_EVENTS_KEY": "master.client.kv_keys",
     "CGROUP_MEMORY_LIMIT_FILES": "master.client.resources",
     "CHECKPOINT_COST_KEY": "master.client.kv_keys",
     "CHECKPOINT_INTERVAL_KEY": "master.client.kv_keys",

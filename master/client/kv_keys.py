@@ -13,6 +13,10 @@ CHECKPOINT_REQUESTS_KEY = b"dlrover/tf/checkpoint_requests"
 # is "<PAUSE_KEY>/<n>", each worker acks with ".../<n>/ack/<TYPE>-<RANK>", the master ends it
 # with ".../<n>/release".
 PAUSE_KEY = b"dlrover/tf/pause"
+# A torch node agent's events (hangs, restarts, flags it replaced) are the keys
+# "<AGENT_EVENTS_KEY>/<run id>/<node rank>/<n>", each a JSON object with "kind" and "reason";
+# the master turns each into a job event.
+AGENT_EVENTS_KEY = b"dlrover/events"
 # Set by a TF2 PS coordinator (dlrover_tf.keras_ps): the master restarts it when a PS is lost.
 COORDINATOR_KEY = b"dlrover/tf/coordinator"
 

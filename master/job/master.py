@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from master.config import JobSpec
+from master.job.agent_events import agent_event
 from master.job.autoscaler import Autoscaler
 from master.job.checkpoint_interval import CheckpointIntervalTuner
 from master.job.checkpoints import Checkpoint, CheckpointRegistry
@@ -214,6 +215,7 @@ class JobMaster:
         self.kv.add_listener(self.recovery.on_kv)
         self.kv.add_listener(self.standby.on_kv)
         self.kv.add_listener(self._wake_for_ps_change)
+        self.kv.add_listener(self._on_agent_event)
 
     # -- public -------------------------------------------------------------
 
@@ -530,6 +532,17 @@ class JobMaster:
                 "job_" + state.value, f"job {state.value}" + (f": {reason}" if reason else "")
             )
             self.migrator.abort(f"the job {state.value} before the change was made")
+
+    def _on_agent_event(self, key: bytes, value: bytes) -> None:
+        """KV listener: a torch node agent reported an event (from an RPC thread)."""
+        event = agent_event(key, value)
+        if event is not None:
+            node = self.nodes.current("worker", event.node_rank)
+            name = node.name if node else f"node rank {event.node_rank}"
+            self.emit(
+                "agent", f"{name}: [{event.kind}] {event.reason}", node, event.kind,
+                **event.details,
+            )  # fmt: skip
 
     def _on_rendezvous_round(self, run_id: str, closed: Round) -> None:
         """A torch rendezvous round closed (from an RPC thread): an event naming its members."""
