@@ -210,6 +210,11 @@ def test_kubeflows_elastic_echo_job_runs_on_the_masters_rendezvous(tmp_path):
         assert e["env"]["TORCHELASTIC_RESTART_COUNT"] == "0"
     logs = node_log_text(tmp_path)
     assert "replaced: --rdzv-backend c10d" in logs, logs[-3000:]
+    # Said once per node in the job's own events too.
+    said = [
+        e for e in summary["events"] if e["kind"] == "agent" and "--rdzv-backend" in e["message"]
+    ]
+    assert sorted(e["node_rank"] for e in said) == [0, 1], summary["events"]
 
 
 @pytest.mark.parametrize(
