@@ -6,6 +6,8 @@ synthetic CTR set computed from the record index with TF ops, so any range of in
 by any worker with no files. ``--input dlrover`` (default) takes record ranges from the master
 through ``dlrover_tf``; ``--input plain`` is the same job on a plain ``tf.data`` pipeline (each
 trainer reads its own 1/n of the records), the baseline the benchmarks compare with.
+``--files DIR`` writes the records as TFRecord files in DIR once and trains from them
+(``ShardedDataset.from_files``).
 """
 
 from __future__ import annotations
@@ -460,6 +462,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0, help="shuffle and initialisation seed")
     p.add_argument(
+        "--files",
+        metavar="DIR",
+        help="write the training records as TFRecord files in DIR (once; kept) and train from "
+        "them through ShardedDataset.from_files (--input dlrover only)",
+    )
+    p.add_argument("--num-files", type=int, default=8, help="TFRecord files --files writes")
+    p.add_argument(
         "--log-trained-ids",
         metavar="PATH_PREFIX",
         help="append each step's record indices to PATH_PREFIX.<task>.<index>.<pid>.ids (and "
@@ -486,7 +495,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parts = args.rehearse_hang.split(":")
         if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
             p.error(f"--rehearse-hang {args.rehearse_hang!r}: expected TASK:INDEX:STEP")
-    for name in ("records", "epochs", "batch_size", "eval_records", "checkpoint_steps"):
+    if args.files and args.input != "dlrover":
+        p.error("--files reads the files through dlrover_tf: use it with --input dlrover")
+    for name in (
+        "records",
+        "epochs",
+        "batch_size",
+        "eval_records",
+        "checkpoint_steps",
+        "num_files",
+    ):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -555,14 +573,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import dlrover_tf
 
-            dataset = dlrover_tf.ShardedDataset(
-                "train",
-                size=args.records,
-                batch_size=args.batch_size,
-                epochs=args.epochs,
-                shuffle=True,
-                seed=args.seed,
-            )
+            if args.files:
+                from tfrecord_data import parse_fn, write_files
+
+                paths = write_files(args.files, args.records, args.num_files, read_fn)
+                dataset = dlrover_tf.ShardedDataset.from_files(
+                    "train", paths, "tfrecord", args.batch_size, args.epochs, True, args.seed
+                )
+                parse_records = parse_fn(read_fn)
+            else:
+                dataset = dlrover_tf.ShardedDataset(
+                    "train",
+                    size=args.records,
+                    batch_size=args.batch_size,
+                    epochs=args.epochs,
+                    shuffle=True,
+                    seed=args.seed,
+                )
         except Exception as err:  # the client's messages say what to fix; no traceback
             print(
                 f"wide_deep.py: --input dlrover: {err} (--input plain needs no master)",
@@ -571,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
         def train_input_fn() -> tf.data.Dataset:
+            if args.files:
+                return dataset.to_tf_dataset(parse_records)
             return dataset.to_tf_dataset(read_fn)
 
         # On the chief it also reports each checkpoint saved in the model dir with the data
