@@ -149,13 +149,21 @@ class Checkpointer:
         lay, tensors = layout.plan(state_dict)
         meta = self._meta(lay, step, state_dict)
         persist = storage == "disk" and self.rank in self.writers
+        if persist and not self._disk_checked:
+            self._check_disk(lay.data_bytes + len(meta))
+        busy = {p.slot for p in self._pending if not p.future.done()}
+        rewritten = self.memory.rewrite_first(lay, tensors, meta, step, busy)
+        if rewritten is not None:  # no wait for the other slot's fresh memory
+            if persist:
+                self._pending.append(
+                    _Pending(step, rewritten[0], self._submit_persist(*self._slot_seq(rewritten)))
+                )
+            return
         first = self.memory.first_save_possible(tensors)
         if first:  # nothing to reserve up front: the write reserves what it writes
             check_shm(self.memory.bytes_needed(lay.data_bytes, len(meta)), 0, self.memory.directory)
         else:
             self._ensure_memory(lay, meta, in_save=True)
-        if persist and not self._disk_checked:
-            self._check_disk(lay.data_bytes + len(meta))
 
         def committed(index: int, seq: int) -> None:
             if persist:
@@ -234,6 +242,9 @@ class Checkpointer:
         """The standalone service's Popen (tests and diagnostics); None under an agent."""
         self._client_ready.wait()
         return self._client.proc if self._client is not None else None
+
+    def _slot_seq(self, found: tuple[int, int]) -> tuple[str, int]:
+        return self.memory.paths[found[0]], found[1]
 
     def _take_lease(self, namespace: str, shm_dir: str) -> None:
         path = lease.lease_path(namespace, self.rank, shm_dir)

@@ -75,14 +75,29 @@ def write_slot(
     tensors: list[torch.Tensor],
     header: shm.SlotHeader,
     meta: bytes,
-) -> None:
-    """Create slot file ``path`` of ``size`` bytes (sparse) and commit one save into it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    fresh: bool = True,
+) -> bool:
+    """Create slot file ``path`` of ``size`` bytes (sparse) and commit one save into it.
+
+    ``fresh=False`` rewrites the existing file in place (its pages exist: copy speed) and
+    returns False, writing nothing, when a reader holds it."""
+    flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if fresh else 0)
+    fd = os.open(path, flags, 0o600)
     try:
+        if not fresh and not _try_lock(fd):
+            return False
         fcntl.flock(fd, fcntl.LOCK_EX)  # readers (the agent's persister) wait for the commit
-        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        if fresh:
+            os.ftruncate(fd, size)
         writing = shm.SlotHeader(shm.STATE_WRITING, 0, -1, 0, 0, 0, 0, 0, 0, 0)
-        os.pwrite(fd, writing.pack(), 0)
+        if fresh:
+            os.pwrite(fd, writing.pack(), 0)
+        else:  # keep the header readable; only the state says "not loadable"
+            os.pwrite(fd, struct.pack("<I", shm.STATE_WRITING), 8)
         runs: list[tuple[int, list[memoryview]]] = []  # contiguous extents, written together
         for ext, tensor in zip(layout.extents, tensors, strict=True):
             if not ext.nbytes:
@@ -104,10 +119,22 @@ def write_slot(
         os.pwrite(fd, header.pack(), 0)
         os.pwrite(fd, struct.pack("<I", committed), 8)  # the state flips last
     except BaseException:
-        os.ftruncate(fd, 0)  # an empty file is never loaded
+        if fresh:
+            os.ftruncate(fd, 0)  # an empty file is never loaded
+        # in place: it may be mapped elsewhere (a truncate would SIGBUS that mapping); the
+        # state stays WRITING, which is never loaded
         raise
     finally:
         os.close(fd)  # also releases the lock
+    return True
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def reserve_hole_free(path: str, size: int) -> shm.SlotFile:

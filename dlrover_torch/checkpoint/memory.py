@@ -231,6 +231,41 @@ class MemoryStore:
         self._reservation = SlotReservation(self.paths, size, written=0)
         return 0, self.seq
 
+    def rewrite_first(
+        self,
+        layout: Layout,
+        tensors: list[torch.Tensor],
+        meta: bytes,
+        step: int,
+        avoid: Iterable[int],
+    ) -> tuple[int, int] | None:
+        """A save that comes while the background reservation still runs: rewrite the first
+        save's slot in place (its pages exist) instead of waiting for fresh memory.
+
+        None (nothing written) when that is not possible: the reservation is done, the state
+        grew, a tensor is on a device, a persist of that slot is pending, or a reader holds it.
+        """
+        reservation = self._reservation
+        index = reservation.written if reservation is not None else None
+        if (
+            reservation is None
+            or reservation.done()
+            or index is None
+            or index in set(avoid)
+            or layout.data_bytes > self._data_cap
+            or len(meta) > self._meta_cap
+            or not writable_by_pwrite(tensors)
+        ):
+            return None
+        size = shm.HEADER_BYTES + self._data_cap + self._meta_cap
+        header = self._header(layout, step, self._data_cap)
+        header.seq = self.seq + 1
+        if not write_slot(self.paths[index], size, layout, tensors, header, meta, fresh=False):
+            return None
+        self.seq += 1
+        self.latest_index = index
+        return index, self.seq
+
     def _header(self, layout: Layout, step: int, data_cap: int) -> shm.SlotHeader:
         return shm.SlotHeader(
             shm.STATE_COMMITTED,

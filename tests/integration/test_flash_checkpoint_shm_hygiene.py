@@ -31,6 +31,7 @@ state = {{"w": torch.arange({MIB64}, dtype=torch.float32)}}
 ck = Checkpointer(sys.argv[1])
 ck.save(1, state, storage="memory")
 ck.save(2, state, storage="memory")
+ck.prepare(state)  # the second slot's memory is reserved in the background: wait for it
 print("saved", flush=True)
 sys.stdin.readline() if sys.argv[2] == "exit" else time.sleep(3600)
 """
@@ -85,10 +86,12 @@ def _children(pid: int) -> list[int]:
 def test_a_script_that_ends_without_close_leaves_nothing(ckdir):
     ns = standalone_namespace(ckdir)
     proc = _start(ckdir, "exit")
-    names = _leftovers(ns)
-    assert f"{ns}-r00000-s0" in names and f"{ns}-r00000-s1" in names, names
-    assert os.path.getsize(os.path.join(shm.SHM_DIR, f"{ns}-r00000-s1")) > 64 << 20
-    out, err = proc.communicate("\n", timeout=120)
+    try:
+        names = _leftovers(ns)
+        assert f"{ns}-r00000-s0" in names and f"{ns}-r00000-s1" in names, names
+        assert os.path.getsize(os.path.join(shm.SHM_DIR, f"{ns}-r00000-s1")) > 64 << 20
+    finally:
+        out, err = proc.communicate("\n", timeout=120)
     assert proc.returncode == 0, err
     assert _leftovers(ns) == []
 
@@ -96,9 +99,11 @@ def test_a_script_that_ends_without_close_leaves_nothing(ckdir):
 def test_a_sigkilled_script_leaves_nothing_once_its_grace_has_passed(ckdir):
     ns = standalone_namespace(ckdir)
     proc = _start(ckdir, "hang", {ORPHAN_GRACE_ENV: "1"})
-    assert len(_leftovers(ns)) == 3  # two slots and the lease
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
+    try:
+        assert len(_leftovers(ns)) == 3  # two slots and the lease
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
     wait_for(lambda: _leftovers(ns) == [], 60, "the killed script's service to reap its memory")
 
 
@@ -108,11 +113,13 @@ def test_killed_with_its_service_the_next_start_or_the_command_frees_it(tmp_path
     ns = standalone_namespace(ckdir)
     for n, remove_with in enumerate(("command", "next start")):
         proc = _start(ckdir, "hang")
-        service = _children(proc.pid)
-        assert len(service) == 1, service
-        for pid in (proc.pid, *service):
-            os.kill(pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
+        try:  # its persister starts off the training thread: wait for it
+            pid = proc.pid
+            wait_for(lambda: len(_children(pid)) == 1, 60, "the persister to start")  # noqa: B023
+        finally:
+            for pid in (*_children(proc.pid), proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
         ls = subprocess.run(
             [sys.executable, "-m", "dlrover_torch.checkpoint.shm_clean", "ls"],
             cwd=REPO,
@@ -147,7 +154,7 @@ def test_under_an_agent_a_killed_workers_memory_stays_until_the_agent_ends(tmp_p
     try:
         env = {**keeper.start(), ORPHAN_GRACE_ENV: "0"}
         proc = _start(str(tmp_path / "ckpt"), "hang", env)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)  # (the script waited for both slots before "saved")
         proc.communicate(timeout=30)
         assert env[SERVICE_ENV]
         subprocess.run(
