@@ -97,7 +97,8 @@ def first_save(size_gib: float, root: str) -> dict[str, Any]:
         f"torch.save {res['torch_save_first_s']:.3f} s (best {res['torch_save_best_s']:.3f} s) "
         f"-> {res['first_vs_torch_save']:.1f}x less; DLRover {anchors.DLROVER_VERSION}: "
         + (
-            f"first {d['first_save_s']:.3f} s, warm {d['warm_save_median_s']:.3f} s"
+            f"first {d['first_save_s']:.3f} s, second {d['second_save_s']:.3f} s, "
+            f"warm {d['warm_save_median_s']:.3f} s"
             if d.get("first_save_s")
             else d.get("skipped", "not measured")
         )
@@ -456,15 +457,17 @@ def child_restore(ckdir: str, wait: bool, import_s: float) -> None:
     print(json.dumps({"restored_at": restored_at, "load_s": load_s, "import_s": import_s}))
 
 
-def fits(size_gib: float) -> bool:
-    """Memory for the state, its copies and two shm slots (about 7x the state)."""
+def fits(size_gib: float, full: bool) -> bool:
+    """Memory for the state, its copies and two shm slots: about 7x the state with --full
+    (restores hold more copies), 3.5x for the saves alone (the state, two slots, and DLRover's
+    state and segment after ours are freed; torch.save's page cache can be reclaimed)."""
     avail = 0
     with open("/proc/meminfo") as fh:
         for line in fh:
             if line.startswith("MemAvailable:"):
                 avail = int(line.split()[1]) * 1024
     shm_free = shm_mod.shm_free_bytes()
-    return size_gib * GIB * 7 < avail and size_gib * GIB * 2.2 < shm_free
+    return size_gib * GIB * (7 if full else 3.5) < avail and size_gib * GIB * 2.2 < shm_free
 
 
 def main() -> None:
@@ -493,7 +496,7 @@ def main() -> None:
     try:
         for size in [float(s) for s in ARGS.sizes.split(",")]:
             run = size
-            while not fits(run) and run > 0.25:
+            while not fits(run, ARGS.full) and run > 0.25:
                 run /= 2
             if run != size:
                 note = f"{size} GiB does not fit in memory / /dev/shm here; measured {run} GiB"

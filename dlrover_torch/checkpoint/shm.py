@@ -33,8 +33,6 @@ STATE_WRITING = 1
 STATE_COMMITTED = 2
 
 # magic, state, reserved, seq, step, data_len, meta_off, meta_len, meta_crc, rank, world, saved_ns
-MADV_POPULATE_READ = 22  # linux/mman.h (Python 3.11's mmap module lacks the names)
-MADV_POPULATE_WRITE = 23
 POPULATE_STEP_BYTES = 16 << 20
 
 _HEADER = struct.Struct("<8sIIQqQQQIiiq")
@@ -113,6 +111,7 @@ class SlotFile:
             size = max(size, current)
             if size > current:
                 _reserve(fd, path, current, size)
+                _first_touch(fd, current, size)
             mm = _map_populated(fd, size, writable=True)
         except BaseException:
             os.close(fd)
@@ -192,26 +191,23 @@ class SlotFile:
 
 
 def _map_populated(fd: int, size: int, writable: bool) -> mmap.mmap:
-    """Map ``fd`` with every page present (no faults during a save).
-
-    Populated in 16 MiB steps with ``madvise(MADV_POPULATE_*)``, not with ``MAP_POPULATE``: the
-    first touch of fresh shm pages takes seconds per GiB on a VM, and ``MAP_POPULATE`` holds the
-    process's mmap lock all that time, stalling every allocation of the training threads (and
-    a save running beside a background reservation). Kernels before 5.14 fall back to it.
-    """
+    """Map ``fd`` with every page present (no faults during a save)."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
-    advice = MADV_POPULATE_WRITE if writable else MADV_POPULATE_READ
-    try:
-        for offset in range(0, size, POPULATE_STEP_BYTES):
-            mm.madvise(advice, offset, min(POPULATE_STEP_BYTES, size - offset))
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-            mm.close()
-            raise
-        mm.close()
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
-    return mm
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
+
+
+def _first_touch(fd: int, start: int, end: int) -> None:
+    """Write zeros over fresh pages in 16 MiB steps, before they are mapped.
+
+    The first touch of fresh shm takes seconds per GiB on a VM; done by ``MAP_POPULATE`` it holds
+    the process's mmap lock all that time, stalling the training thread's allocations (and a
+    save running beside a background reservation). ``pwrite`` takes no mmap lock, so the
+    ``MAP_POPULATE`` that follows only maps pages that exist.
+    """
+    zeros = bytes(POPULATE_STEP_BYTES)
+    offset = start
+    while offset < end:
+        offset += os.pwrite(fd, memoryview(zeros)[: min(POPULATE_STEP_BYTES, end - offset)], offset)
 
 
 def _try_lock_fd(fd: int, exclusive: bool) -> bool:
