@@ -20,7 +20,9 @@ through a position file, as on the local platform, Ray and Kubernetes under the 
 A run's time is from the first `next()` to the batch holding its last record, on both sides
 (ours then waits up to a second for the master to hear of the last steps, which a trainer
 does not wait for). Each format's ratio is the median over rounds of ours / plain records
-per second. The index figure is the
+per second (the two sides alternate which goes first); its `_cpu_ratio` the same in records
+per CPU second (this process's threads, and for ours also the master's), steadier than wall
+time on a busy machine. The index figure is the
 TFRecord index build (both CRCs of every record checked) in MB of file per second, cache off;
 text and Parquet index times are shown too. `tfrecord_shuffled_ratio` is ours with
 shuffle=True (blocks and windows) against the same plain, unshuffled pipeline.
@@ -31,7 +33,7 @@ local disk; reading cold disks is the same for both sides); compressed TFRecord 
 by from_files); the plain side's own shuffling (`Dataset.shuffle` costs it per record); several
 workers (one reader, one master).
 
-    python benchmarks/files.py [--records 400000] [--batch 256] [--rounds 3] [--formats ...]
+    python benchmarks/files.py [--records 400000] [--batch 256] [--rounds 5] [--formats ...]
 
 Prints a line per run, then one JSON line.
 """
@@ -50,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, Child, use_checkout
+from common import ROOT, Child, cpu_seconds, use_checkout
 
 use_checkout()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -221,21 +223,26 @@ def plain_dataset(fmt: str, paths: list[str], batch: int, parse):
     return _options(ds.prefetch(2))
 
 
-def count(data, expected: int, ds=None) -> tuple[int, float]:
-    """(records, seconds until the batch with the `expected`th record) of one pass over
-    `data`, reporting each batch to `ds` if given."""
+def count(data, expected: int, ds=None, master_pid: int = 0) -> tuple[int, float, float]:
+    """(records, seconds and CPU seconds until the batch with the `expected`th record) of one
+    pass over `data`, reporting each batch to `ds` if given. The CPU is this process's (all
+    its threads) and the master's."""
     records = 0
-    seconds = 0.0
-    started = time.perf_counter()
+    seconds = cpu = 0.0
+
+    def used() -> float:
+        return time.process_time() + (cpu_seconds(master_pid) if master_pid else 0.0)
+
+    started, cpu_started = time.perf_counter(), used()
     for step, (_, labels) in enumerate(data, 1):
         records += int(labels.shape[0])
         if records == expected:
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, used() - cpu_started
         if ds is not None:
             ds.step_done(step)
     if ds is not None:
         ds.flush()
-    return records, seconds
+    return records, seconds, cpu
 
 
 def index_rates(paths: dict[str, list[str]], cache_dir: str) -> dict:
@@ -262,7 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=400_000)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--data-dir", help="keep the data files here (default: a temp dir)")
     return p.parse_args(argv)
@@ -302,32 +309,43 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for fmt, shuffle in variants:
                 key = f"{fmt}_shuffled" if shuffle else fmt
-                plain = plain_dataset(fmt, paths[fmt], args.batch, parse[fmt])
-                plain_n, plain_s = count(plain, args.records)
-                ds = ShardedDataset.from_files(
-                    f"{key}-{r}",
-                    paths[fmt],
-                    fmt,
-                    args.batch,
-                    shuffle=shuffle,
-                    seed=r,
-                    cache_dirs=[os.path.join(tmp, "index-cache")],
-                    client=client,
-                )
-                ours_n, ours_s = count(ds.to_tf_dataset(parse[fmt]), args.records, ds)
-                ds.close()
-                if (ours_n, plain_n) != (args.records, args.records):
-                    raise RuntimeError(f"{key}: read {ours_n} and {plain_n} of {args.records}")
-                run = {"ours": ours_n / ours_s, "plain": plain_n / plain_s}
+                # Alternate which side goes first, so a drift in the machine's load cancels.
+                sides = ("plain", "ours") if r % 2 == 0 else ("ours", "plain")
+                got = {}
+                for side in sides:
+                    if side == "plain":
+                        plain = plain_dataset(fmt, paths[fmt], args.batch, parse[fmt])
+                        got[side] = count(plain, args.records)
+                        continue
+                    ds = ShardedDataset.from_files(
+                        f"{key}-{r}",
+                        paths[fmt],
+                        fmt,
+                        args.batch,
+                        shuffle=shuffle,
+                        seed=r,
+                        cache_dirs=[os.path.join(tmp, "index-cache")],
+                        client=client,
+                    )
+                    data = ds.to_tf_dataset(parse[fmt])
+                    got[side] = count(data, args.records, ds, master.proc.pid)
+                    ds.close()
+                if (got["ours"][0], got["plain"][0]) != (args.records, args.records):
+                    raise RuntimeError(f"{key}: read {got} of {args.records} records")
+                run = {side: n / seconds for side, (n, seconds, _) in got.items()}
                 run["ratio"] = run["ours"] / run["plain"]
+                # Records per CPU second, ours (with the master's) over plain's.
+                run["cpu_ratio"] = got["plain"][2] / got["ours"][2]
                 runs.setdefault(key, []).append(run)
                 log.info(
-                    "round %d %-17s ours %8.0f rec/s  plain %8.0f rec/s  ratio %.3f",
+                    "round %d %-17s ours %8.0f rec/s  plain %8.0f rec/s  ratio %.3f  "
+                    "cpu ratio %.3f",
                     r,
                     key,
                     run["ours"],
                     run["plain"],
                     run["ratio"],
+                    run["cpu_ratio"],
                 )
         client.close()
     finally:
@@ -337,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"records": args.records, "batch": args.batch, "rounds": args.rounds}
     for key, rs in runs.items():
         result[f"{key}_ratio"] = round(statistics.median(r["ratio"] for r in rs), 3)
+        result[f"{key}_cpu_ratio"] = round(statistics.median(r["cpu_ratio"] for r in rs), 3)
         result[f"{key}_ours_per_s"] = round(statistics.median(r["ours"] for r in rs))
         result[f"{key}_plain_per_s"] = round(statistics.median(r["plain"] for r in rs))
     if "tfrecord" in indexes:

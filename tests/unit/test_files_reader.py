@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from master.client.files import Order, ShardReader, open_files, shard_reader
+from master.client.files import Order, ShardReader, fileset, open_files, shard_reader
 from master.client.files.elements import byte_element, columns, grouped
 from master.client.files.spans import ByteFile
 from tests.unit.files_data import ids_of, write_parquet, write_text, write_tfrecord
@@ -177,3 +177,12 @@ def test_parquet_columns_can_be_chosen(tmp_path):
     files.close()
     with pytest.raises(Exception, match="columns \\['nope'\\] are not in"):
         open_files(str(tmp_path / "a.parquet"), "parquet", [], columns=["nope"])
+
+
+def test_at_most_max_open_files_stay_open(tfrecords, monkeypatch):
+    monkeypatch.setattr(fileset, "MAX_OPEN_FILES", 2)
+    order = Order(tfrecords.size, True, block=256, window=256, seed=5)
+    for epoch in range(2):
+        records = _read_all(ShardReader(tfrecords, order, 0, tfrecords.size, epoch), 100)
+        assert ids_of(records) == order.records(0, tfrecords.size, epoch).tolist()
+        assert len(tfrecords._readers) <= 2

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,6 +30,8 @@ BUILDERS = {
     parquet.FORMAT: parquet.build_index,
 }
 FORMATS = tuple(BUILDERS)
+# Files kept open at once (a shuffled epoch visits them all, in no order).
+MAX_OPEN_FILES = 64
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -132,7 +135,7 @@ class FileSet:
             raise DataFileError(
                 f"the {len(indexes)} {fmt} files hold no record (first: {indexes[0].path})"
             )
-        self._readers: dict[int, Any] = {}
+        self._readers: OrderedDict[int, Any] = OrderedDict()  # open files, the last used last
         self._lock = threading.Lock()
 
     @property
@@ -163,14 +166,16 @@ class FileSet:
 
     def _reader(self, f: int) -> Any:
         with self._lock:
-            reader = self._readers.get(f)
+            reader = self._readers.pop(f, None)
             if reader is None:
                 index = self.indexes[f]
                 if self.format == parquet.FORMAT:
                     reader = parquet.ParquetReader(index, self.columns)
                 else:
                     reader = ByteFile(index)
-                self._readers[f] = reader
+                while len(self._readers) >= MAX_OPEN_FILES:
+                    self._readers.popitem(last=False)[1].close()
+            self._readers[f] = reader
             return reader
 
     def read_span(self, lo: int, hi: int) -> Span:
