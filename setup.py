@@ -12,7 +12,7 @@ TF = [
     "pyarrow==25.0.1",
     "google-crc32c==1.9.0",
 ]
-TORCH = ["torch==2.13.0"]
+TORCH = ["torch==2.13.0", "torchdata==0.11.0"]
 RAY = ["ray==2.60.0"]
 K8S = ["kubernetes==37.0.2"]
 DEV = ["pytest", "pytest-timeout", "hypothesis", "ruff", "grpcio-tools==1.62.3"]
