@@ -19,8 +19,13 @@ default) is off in the two runs compared: it is not part of the input or the hoo
 master starts it once it sees training run, which it sees only through the progress hook, so
 a plain-input job gets its standby a minute in, outside this short window. A third run, the
 dlrover input with the standby on, shows its cost: one TensorFlow import (seconds of CPU) on
-the job's machine during the first seconds of training, paid once per job and per promotion.
-Ends with one JSON line.
+the job's machine during the first seconds of training, paid once per job and per promotion,
+at idle priority (nice 19), so on a machine that trains it takes only idle CPU.
+
+Each task's cost is its CPU ms per local step (its process's CPU time over its training
+window): per-task steps/s differ between the modes by scheduling alone on a small machine
+(with a fixed split the fast workers finish early and leave the cores to the chief; with
+dynamic shards all train to the end). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "tf")
 TARGET_RATIO = 0.95
 _TRAINED = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*trained (\d+) local steps in ([\d.]+) s "
-    r"from the first step",
+    r"from the first step[^\n]*?(?:; ([\d.]+) CPU s)?$",
     re.M,
 )
 
@@ -94,6 +99,7 @@ def run_once(
             end = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             seconds = float(m.group(3))
             tasks[name] = {"steps": int(m.group(2)), "seconds": seconds, "start": end - seconds}
+            tasks[name]["cpu_s"] = float(m.group(4)) if m.group(4) else None
             tasks[name]["end"] = end
     if not tasks:
         raise RuntimeError(f"no task reported its training time in {run_dir}/logs")
@@ -126,6 +132,23 @@ def _standby_ready(run_dir: str, first_step: float) -> float | None:
 VARIANTS = (("plain", False), ("dlrover", False), ("dlrover", True))
 
 
+def _cpu_per_step(task: dict) -> str:
+    """ " (N CPU ms/step)": the process's CPU time over its training window, per local step."""
+    if not task.get("cpu_s") or not task["steps"]:
+        return ""
+    return f" ({1000 * task['cpu_s'] / task['steps']:.0f} CPU ms/step)"
+
+
+def _median_cpu_per_step(runs: list[dict]) -> dict[str, float]:
+    """Each task's median CPU ms per local step over `runs` (task name without its id)."""
+    per_task: dict[str, list[float]] = {}
+    for r in runs:
+        for name, t in r["tasks"].items():
+            if t.get("cpu_s") and t["steps"]:
+                per_task.setdefault(name.split(".")[0], []).append(1000 * t["cpu_s"] / t["steps"])
+    return {k: round(statistics.median(v), 2) for k, v in sorted(per_task.items())}
+
+
 def _label(mode: str, standby: bool) -> str:
     return f"{mode}+standby" if standby else mode
 
@@ -153,7 +176,7 @@ def main() -> int:
                 runs[_label(mode, standby)].append(r)
                 if not args.json_only:
                     per_task = ", ".join(
-                        f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}"
+                        f"{k.split('.')[0]} {v['steps'] / v['seconds']:.1f}{_cpu_per_step(v)}"
                         for k, v in r["tasks"].items()
                     )
                     ready = r["standby_ready_s"]
@@ -193,6 +216,7 @@ def main() -> int:
             None if r["standby_ready_s"] is None else round(r["standby_ready_s"], 2)
             for r in runs["dlrover+standby"]
         ],
+        "cpu_ms_per_step": {k.replace("+", "_"): _median_cpu_per_step(v) for k, v in runs.items()},
         "median_plain": round(plain, 1),
         "median_dlrover": round(dlrover, 1),
         "median_dlrover_standby": round(with_standby, 1),

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from dlrover_tf.ps import (
@@ -34,6 +34,8 @@ PORT_FREE_TIMEOUT_SECONDS = 30.0
 # A standby that cannot reach its master this long (the master is gone) ends.
 MASTER_LOST_SECONDS = 120.0
 WAIT_CHUNK_SECONDS = 10.0
+# Linux's nice value is per thread: the warm-up thread alone runs at this one.
+IDLE_NICE = 19
 
 
 def promotion(value: bytes) -> tuple[str, int] | None:
@@ -65,15 +67,41 @@ def wait_port_free(address: str, timeout: float = PORT_FREE_TIMEOUT_SECONDS) -> 
         time.sleep(0.01)
 
 
-def run_standby() -> NoReturn:
-    """Load TensorFlow, wait for a promotion (or retirement), then serve until SIGTERM."""
-    block_stop_signals()
-    started = time.monotonic()
+def _load_tensorflow() -> None:
     import tensorflow as tf
 
     # Touch what a promotion uses, so its lazy imports are paid now.
     tf.train.ClusterSpec({"ps": ["127.0.0.1:1"]})
     _ = tf.distribute.Server
+
+
+def at_idle_priority(work: Callable[[], None]) -> None:
+    """Run `work` in a thread at the lowest CPU priority (nice 19), so warming up on a machine
+    that trains takes only idle CPU; the rest of the process keeps its priority."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IDLE_NICE)
+        except OSError as err:  # not Linux, or not allowed: warm up at normal priority
+            logger.debug("cannot lower the warm-up's priority: %s", err)
+        try:
+            work()
+        except BaseException as err:  # re-raised in the caller's thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="dlrover-standby-warm-up")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def run_standby() -> NoReturn:
+    """Load TensorFlow, wait for a promotion (or retirement), then serve until SIGTERM."""
+    block_stop_signals()
+    started = time.monotonic()
+    at_idle_priority(_load_tensorflow)
     from master.client import KVClient, MasterClient, ps_standby_key
 
     node_id = int(os.environ.get("DLROVER_NODE_ID", "0"))

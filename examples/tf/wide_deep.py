@@ -198,6 +198,7 @@ class MeanLossHook(tf.estimator.SessionRunHook):
         self._first_mean: float | None = None
         self._last_mean: float | None = None
         self._first_step_at: float | None = None
+        self._first_step_cpu = 0.0
         self._global_step = 0
 
     def before_run(
@@ -205,6 +206,7 @@ class MeanLossHook(tf.estimator.SessionRunHook):
     ) -> tf.estimator.SessionRunArgs:
         if self._first_step_at is None:
             self._first_step_at = self._window_start = time.monotonic()
+            self._first_step_cpu = time.process_time()
         return tf.estimator.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values: tf.estimator.SessionRunValues) -> None:
@@ -236,15 +238,17 @@ class MeanLossHook(tf.estimator.SessionRunHook):
         if self._window:
             self._report()
         elapsed = time.monotonic() - (self._first_step_at or time.monotonic())
+        cpu = time.process_time() - self._first_step_cpu if self._first_step_at else 0.0
         logger.info(
             "[%s] trained %d local steps in %.1f s from the first step (%.1f steps/s); "
-            "mean loss of the first window %s, of the last %s",
+            "mean loss of the first window %s, of the last %s; %.2f CPU s",
             self._task,
             self._steps,
             elapsed,
             self._steps / max(elapsed, 1e-9),
             _fmt(self._first_mean),
             _fmt(self._last_mean),
+            cpu,
         )
 
 

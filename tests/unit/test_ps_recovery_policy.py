@@ -4,12 +4,20 @@ interval, and the node registry's standby ids."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
 import time
 
 import pytest
 
-from dlrover_tf.ps_standby import promoted_env, promotion, wait_port_free
+from dlrover_tf.ps_standby import (
+    IDLE_NICE,
+    at_idle_priority,
+    promoted_env,
+    promotion,
+    wait_port_free,
+)
 from master.client import CHIEF_SESSION_KEY, ps_serving_key
 from master.config import parse_job_spec
 from master.job.checkpoint_interval import (
@@ -253,3 +261,21 @@ def test_small_moves_of_the_interval_are_not_worth_telling():
     assert worth_changing(None, 100)
     assert not worth_changing(100, 115)
     assert worth_changing(100, 130)
+
+
+def test_the_standby_warms_up_at_idle_priority_and_leaves_the_rest_of_the_process_alone():
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+    at_idle_priority(
+        lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    )
+    assert seen == [IDLE_NICE]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_a_failed_warm_up_fails_the_standby():
+    def broken() -> None:
+        raise ImportError("no tensorflow")
+
+    with pytest.raises(ImportError, match="no tensorflow"):
+        at_idle_priority(broken)
