@@ -8,5 +8,13 @@ gradient accumulation that keeps the global batch when the world size changes).
 
 from dlrover_torch.data.global_batch import FixedGlobalBatch, accumulation_steps
 from dlrover_torch.data.sampler import ElasticDistributedSampler
+from dlrover_torch.data.sharded import FileShardedDataset, ShardedDataset, ShardLoader
 
-__all__ = ["ElasticDistributedSampler", "FixedGlobalBatch", "accumulation_steps"]
+__all__ = [
+    "ElasticDistributedSampler",
+    "FileShardedDataset",
+    "FixedGlobalBatch",
+    "ShardLoader",
+    "ShardedDataset",
+    "accumulation_steps",
+]

@@ -64,6 +64,17 @@ class MasterClient:
         """`channel_options`: extra gRPC channel arguments (e.g. a private connection).
         `shard_asks_on_stream`: `get_shard` asks on the node's `ShardStream` (else by unary
         calls only)."""
+        # What clone() needs to open the same connection again (e.g. in a forked process).
+        self._args = (
+            addr,
+            token,
+            node,
+            call_timeout,
+            retry_seconds,
+            tls,
+            tuple(channel_options),
+            shard_asks_on_stream,
+        )
         self.addr = addr
         self.node = node
         self.call_timeout = call_timeout
@@ -119,6 +130,16 @@ class MasterClient:
             retry_seconds=read_master_wait(env),
             tls=ClientTLS.from_env(env),
         )
+
+    def clone(self) -> MasterClient:
+        """A new client to the same master with the same token, identity and settings, on a
+        channel of its own (a gRPC channel must not be used across fork)."""
+        return MasterClient(*self._args)
+
+    def __reduce__(self):
+        """Pickled (e.g. to a spawned DataLoader worker) as its settings: unpickling opens a
+        new connection."""
+        return (MasterClient, self._args)
 
     def close(self) -> None:
         if self._asks is not None:
