@@ -5,7 +5,9 @@ checkpoint dir's name and a hash of its path when a process runs standalone, or 
 under ``dlrover-run``. A group (one rank's slots) is *held* while its owner's lease (in
 ``/dev/shm/.dlrover-fc-leases-<uid>/``) is locked, *orphaned* once not; orphans are removed when
 their grace period (counted from when a sweeper first saw them ownerless) has passed, at once
-with ``gc --now``, or by ``gc`` when their step is on disk.
+with ``gc --now``, or by ``gc`` when their step is on disk. An orphan whose newest step is not
+on disk is first written to its checkpoint dir (*rescued*); one that cannot be is *kept* and
+reported until ``gc --now``.
 
     python -m dlrover_torch.checkpoint.shm_clean ls
     python -m dlrover_torch.checkpoint.shm_clean gc [--now]
@@ -43,7 +45,8 @@ class Group:
     step: int | None = None
     checkpoint_dir: str | None = None
     persisted: bool | None = None  # the newest step is committed on disk
-    state: str = "orphaned"  # held | orphaned | removed
+    newest: str | None = None  # the slot holding the newest step
+    state: str = "orphaned"  # held | orphaned | kept | removed
     owner: dict[str, object] = field(default_factory=dict)
     orphaned_for: float = 0.0
 
@@ -72,6 +75,7 @@ def _slot_step(group: Group, path: str) -> None:
     if group.step is not None and header.step <= group.step:
         return
     group.step = header.step
+    group.newest = path
     try:
         persist = json.loads(meta).get("persist") or {}
         group.checkpoint_dir = persist.get("dir")
@@ -103,10 +107,14 @@ def scan(directory: str = shm.SHM_DIR) -> list[Group]:
         group.size += st.st_size
         _slot_step(group, path)
     for group in groups.values():
-        if group.step is not None and group.checkpoint_dir:
-            tracker = storage.read_tracker(group.checkpoint_dir)
-            group.persisted = tracker is not None and tracker >= group.step
+        _check_persisted(group)
     return list(groups.values())
+
+
+def _check_persisted(group: Group) -> None:
+    if group.step is not None and group.checkpoint_dir:
+        tracker = storage.read_tracker(group.checkpoint_dir)
+        group.persisted = tracker is not None and tracker >= group.step
 
 
 def _lease_paths(group: Group, directory: str) -> list[str]:
@@ -116,39 +124,63 @@ def _lease_paths(group: Group, directory: str) -> list[str]:
     ]
 
 
-def _settle(
-    group: Group, directory: str, grace_s: float, now: float, remove_persisted: bool
-) -> None:
-    """Lock the group's leases; held groups stay, orphans are stamped or removed."""
+def _claim(group: Group, directory: str, now: float) -> list[int] | None:
+    """Lock the group's leases (None: its owner lives, the group is held); stamp when first
+    seen ownerless and set how long it has been."""
     agent_path, rank_path = _lease_paths(group, directory)
     fds: list[int] = []
-    try:
-        for path, create in ((agent_path, False), (rank_path, True)):
-            if not os.path.exists(path) and not create:
-                continue
-            fd = lease.open_locked(path, create)
-            if fd is None:
-                if os.path.exists(path):  # locked: its owner lives
-                    group.state = "held"
-                    group.owner = lease.read_info(path)
-                    return
-                continue
-            fds.append(fd)
-            group.owner = lease.read_info(path) or group.owner
-        info = lease.read_info(rank_path)
-        stamp = info.get("orphaned_at")
-        if not isinstance(stamp, int | float):
-            stamp = now
-            lease.write_info(fds[-1], {**info, "orphaned_at": now})
-        group.orphaned_for = now - float(stamp)
-        if group.orphaned_for >= grace_s or (remove_persisted and group.persisted):
-            for path in group.paths:
-                shm.unlink_quietly(path)
-            shm.unlink_quietly(rank_path)
-            group.state = "removed"
-    finally:
-        for fd in fds:
-            os.close(fd)
+    for path, create in ((agent_path, False), (rank_path, True)):
+        if not os.path.exists(path) and not create:
+            continue
+        fd = lease.open_locked(path, create)
+        if fd is None:
+            if os.path.exists(path):  # locked: its owner lives
+                group.state = "held"
+                group.owner = lease.read_info(path)
+                for opened in fds:
+                    os.close(opened)
+                return None
+            continue
+        fds.append(fd)
+        group.owner = lease.read_info(path) or group.owner
+    info = lease.read_info(rank_path)
+    stamp = info.get("orphaned_at")
+    if not isinstance(stamp, int | float):
+        stamp = now
+        lease.write_info(fds[-1], {**info, "orphaned_at": now})
+    group.orphaned_for = now - float(stamp)
+    return fds
+
+
+def rescue(group: Group) -> str | None:
+    """Write an orphan's newest step to its checkpoint dir; why it could not be (None: done,
+    or nothing needed writing)."""
+    from dlrover_torch.checkpoint.persister import persist_slot
+
+    if group.persisted is not False or group.newest is None or not group.checkpoint_dir:
+        return None
+    if not os.path.isdir(group.checkpoint_dir):
+        return None  # the checkpoint dir was deleted: its owner gave the checkpoint up
+    result = persist_slot(group.newest)
+    if not result.ok:
+        return result.error or "the persist failed"
+    log.warning(
+        "wrote step %s of ownerless flash-checkpoint memory (rank %d) to %s before freeing it%s",
+        group.step,
+        group.rank,
+        group.checkpoint_dir,
+        f" ({result.skipped})" if result.skipped else "",
+    )
+    if result.skipped and "not a writer" in result.skipped:
+        group.persisted = None  # a writer rank holds this step's data
+    return None
+
+
+def _remove(group: Group, directory: str) -> None:
+    for path in group.paths:
+        shm.unlink_quietly(path)
+    shm.unlink_quietly(_lease_paths(group, directory)[1])
+    group.state = "removed"
 
 
 def _drop_free_leases(directory: str) -> None:
@@ -175,19 +207,51 @@ def sweep(
     grace_s: float = 0.0,
     namespace: str | None = None,
     remove_persisted: bool = False,
+    force: bool = False,
 ) -> list[Group]:
     """Remove orphaned segments (all of this user's, or one namespace's); report every group.
 
-    A group is removed once it has been ownerless for ``grace_s`` seconds (a restart within the
-    grace re-attaches to it), or at once when ``remove_persisted`` and its step is on disk.
+    A group is due once it has been ownerless for ``grace_s`` seconds (a restart within the
+    grace re-attaches to it), or at once when ``remove_persisted`` and its step is on disk. A
+    due group whose newest step is not on disk is rescued to its checkpoint dir first; if that
+    fails it is kept (and reported) unless ``force``.
     """
     now = time.time()
     groups = [g for g in scan(directory) if namespace is None or g.namespace == namespace]
-    for group in groups:
-        _settle(group, directory, grace_s, now, remove_persisted)
-        if group.state == "removed":
-            lost = "" if group.persisted else " (its newest step was not on disk: lost)"
+    claimed: list[tuple[Group, list[int]]] = []
+    try:
+        for group in groups:
+            fds = _claim(group, directory, now)
+            if fds is not None:
+                claimed.append((group, fds))
+        due = [
+            g for g, _ in claimed if g.orphaned_for >= grace_s or (remove_persisted and g.persisted)
+        ]
+        failures = {id(g): rescue(g) for g in due}
+        for group in due:  # the rescues of all ranks may together have committed a step
+            if group.persisted is False:
+                _check_persisted(group)
+        for group in due:
+            if group.persisted is False and not force:
+                group.state = "kept"
+                why = failures[id(group)] or "its other ranks' files are not on disk yet"
+                log.warning(
+                    "kept ownerless flash-checkpoint memory holding the only copy of its step "
+                    "(%s); free it with `python -m dlrover_torch.checkpoint.shm_clean gc --now`: "
+                    "%s",
+                    why,
+                    group.describe(),
+                )
+                continue
+            _remove(group, directory)
+            lost = (
+                "" if group.persisted is not False else " (its newest step was not on disk: lost)"
+            )
             log.warning("removed orphaned flash-checkpoint memory: %s%s", group.describe(), lost)
+    finally:
+        for _, fds in claimed:
+            for fd in fds:
+                os.close(fd)
     _drop_free_leases(directory)
     return groups
 
@@ -208,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("ls", "gc"))
     parser.add_argument("--shm-dir", default=shm.SHM_DIR)
     parser.add_argument(
-        "--now", action="store_true", help="gc: free every orphan, even one whose step is lost"
+        "--now",
+        action="store_true",
+        help="gc: free every orphan now (a step not on disk is written there first, if it can be)",
     )
     parser.add_argument("--grace", type=float, default=300.0, help="gc: seconds ownerless")
     args = parser.parse_args(argv)
@@ -230,14 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(g.size for g in groups)
         print(f"{len(groups)} group(s), {shm.fmt_bytes(total)} in {args.shm_dir}")
         return 0
-    groups = sweep(args.shm_dir, 0.0 if args.now else args.grace, remove_persisted=True)
+    groups = sweep(
+        args.shm_dir, 0.0 if args.now else args.grace, remove_persisted=True, force=args.now
+    )
     freed = [g for g in groups if g.state == "removed"]
     for group in groups:
         print(group.describe())
     print(
         f"freed {shm.fmt_bytes(sum(g.size for g in freed))} ({len(freed)} group(s)); "
-        f"{len(groups) - len(freed)} group(s) kept (held by a live owner, or within the grace; "
-        "gc --now frees every orphan)"
+        f"{len(groups) - len(freed)} group(s) kept (held by a live owner, within the grace, or "
+        "holding a step that could not be written to disk; gc --now frees every orphan)"
     )
     return 0
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from dlrover_torch.checkpoint import (
     SERVICE_ENV,
@@ -15,6 +17,7 @@ from dlrover_torch.checkpoint import (
     Checkpointer,
     lease,
     shm,
+    storage,
 )
 from dlrover_torch.checkpoint.checkpointer import standalone_namespace
 from dlrover_torch.checkpoint.env import ORPHAN_GRACE_ENV
@@ -107,37 +110,45 @@ def test_a_sigkilled_script_leaves_nothing_once_its_grace_has_passed(ckdir):
     wait_for(lambda: _leftovers(ns) == [], 60, "the killed script's service to reap its memory")
 
 
+def _kill_with_its_service(ckdir: str) -> None:
+    """A script that saved to memory only, SIGKILLed together with its persister."""
+    proc = _start(ckdir, "hang")
+    try:  # its persister starts off the training thread: wait for it
+        pid = proc.pid
+        wait_for(lambda: len(_children(pid)) == 1, 60, "the persister to start")
+    finally:
+        for pid in (*_children(proc.pid), proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
+def _shm_clean(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "dlrover_torch.checkpoint.shm_clean", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_killed_with_its_service_the_next_start_or_the_command_frees_it(tmp_path, ckdir):
     """Nothing left to reap: the segments stay for the grace, ``ls`` names them, and the next
-    checkpointer that starts on the machine (or ``gc --now``) frees them."""
+    checkpointer that starts on the machine (or ``gc --now``) writes their step (held in memory
+    only) to the checkpoint dir and frees them."""
     ns = standalone_namespace(ckdir)
     for n, remove_with in enumerate(("command", "next start")):
-        proc = _start(ckdir, "hang")
-        try:  # its persister starts off the training thread: wait for it
-            pid = proc.pid
-            wait_for(lambda: len(_children(pid)) == 1, 60, "the persister to start")  # noqa: B023
-        finally:
-            for pid in (*_children(proc.pid), proc.pid):
-                os.kill(pid, signal.SIGKILL)
-            proc.communicate(timeout=30)
-        ls = subprocess.run(
-            [sys.executable, "-m", "dlrover_torch.checkpoint.shm_clean", "ls"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
+        shutil.rmtree(ckdir, ignore_errors=True)
+        _kill_with_its_service(ckdir)
+        ls = _shm_clean("ls")
         assert f"orphaned  {ns} rank 0  2 slot(s)" in ls and f"dir {ckdir}" in ls, ls
+        assert "step 2 NOT on disk" in ls, ls
         assert len(_leftovers(ns)) == 3
         if remove_with == "command":
-            gc = subprocess.run(
-                [sys.executable, "-m", "dlrover_torch.checkpoint.shm_clean", "gc", "--now"],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert "freed" in gc.stdout and "NOT on disk" in gc.stdout, gc
+            gc = _shm_clean("gc", "--now")
+            assert "freed" in gc and "step 2 on disk" in gc, gc
         else:
             os.environ[ORPHAN_GRACE_ENV] = "0"
             try:
@@ -147,6 +158,28 @@ def test_killed_with_its_service_the_next_start_or_the_command_frees_it(tmp_path
             other._service_process()  # the sweep runs before the service starts
             other.close()
         assert _leftovers(ns) == []
+        assert storage.read_tracker(ckdir) == 2  # rescued, not lost
+        reader = Checkpointer(ckdir)
+        try:
+            restored = reader.load()
+        finally:
+            reader.close()
+        assert restored is not None and restored[0] == 2
+        assert restored[1]["w"].equal(torch.arange(MIB64, dtype=torch.float32))
+
+
+def test_memory_holding_a_step_that_cannot_be_written_is_kept_and_reported(ckdir):
+    ns = standalone_namespace(ckdir)
+    _kill_with_its_service(ckdir)
+    with open(storage.step_dir(ckdir, 2), "w") as fh:  # a file where the step's folder goes
+        fh.write("in the way")
+    gc = _shm_clean("gc", "--grace", "0")
+    assert "freed 0 B (0 group(s)); 1 group(s) kept" in gc, gc
+    assert len(_leftovers(ns)) == 3
+    assert "step 2 NOT on disk" in _shm_clean("ls")
+    gc = _shm_clean("gc", "--now")
+    assert "freed" in gc and "(1 group(s))" in gc, gc
+    assert _leftovers(ns) == []
 
 
 def test_under_an_agent_a_killed_workers_memory_stays_until_the_agent_ends(tmp_path):
