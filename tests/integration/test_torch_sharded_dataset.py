@@ -171,3 +171,11 @@ def test_data_states_survive_flash_checkpoint_and_torch_save(harness, tmp_path):
     assert again.epoch == 3 and again.position() == 60
     ds.load_state_dict(loaded["data"])
     ds.close()
+
+
+def test_spawned_workers_get_the_dataset_and_a_client_of_their_own(harness):
+    ds = make(harness, epochs=1)
+    ids: list = []
+    train(ds, ds.loader(num_workers=2, multiprocessing_context="spawn"), ids)
+    assert np.array_equal(counts(ids), np.ones(N, dtype=np.int64))
+    ds.close()
