@@ -124,6 +124,9 @@ class ShardedDataset(IterableDataset):
             shuffle=self._registered_shuffle(),
             seed=seed,
         )
+        # The master's shard holder is the node: its local ranks share it (torchrun's names).
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self._pending: collections.deque[Segments] = collections.deque()
         self._steps = 0
         self._progress = ProgressStream(self.client, position_file=read_position_base(os.environ))
@@ -209,9 +212,10 @@ class ShardedDataset(IterableDataset):
         """Before a new pass: give back the shards this node held and did not train on (an
         earlier pass's prefetch, or a crashed process's), once per node."""
         self._pending.clear()
-        if _local_leader():
+        if self._local_rank == 0:
             self.client.return_shards(self.name)
-        _barrier_if_shared_holder()
+        if self._local_world > 1 and dist.is_initialized():
+            dist.barrier()  # no local rank asks before its node's shards are back
 
     def step_done(self, global_step: int | None = None, loss: float | None = None) -> None:
         """The loop trained on the oldest batch it was handed: report it (no round trip per
@@ -402,16 +406,3 @@ class ShardLoader:
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-
-
-def _local_leader() -> bool:
-    """Whether this process gives back its node's shards: the master's holder is the node,
-    shared by its local ranks."""
-    return int(os.environ.get("LOCAL_RANK", "0")) == 0
-
-
-def _barrier_if_shared_holder() -> None:
-    """Local ranks wait for their leader's give-back before any of them asks for a shard."""
-    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
-    if shared and dist.is_initialized():
-        dist.barrier()

@@ -179,3 +179,21 @@ def test_spawned_workers_get_the_dataset_and_a_client_of_their_own(harness):
     train(ds, ds.loader(num_workers=2, multiprocessing_context="spawn"), ids)
     assert np.array_equal(counts(ids), np.ones(N, dtype=np.int64))
     ds.close()
+
+
+def test_only_a_nodes_first_local_rank_gives_its_shards_back(harness, monkeypatch):
+    leader = make(harness, epochs=1)
+    held = iter(leader.loader())
+    next(held)  # holds a shard now, one batch of it trained
+    leader.step_done()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    other = make(harness, epochs=1)  # the node's second local rank: the same holder
+    next(iter(other.loader()))
+    assert harness.job.sharding.stats()[0].records_doing > 0
+    led = harness.job.sharding._entry("ds").ledger
+    # The leader's shard is still held: its next report is applied, not stale.
+    held_ids = {s.shard_id for s in led.held_by(harness.nodes[0].id)}
+    assert len(held_ids) == 2
+    other.close()
+    leader.close()
