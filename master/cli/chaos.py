@@ -1,5 +1,5 @@
-"""`dlrover chaos JOB.yaml --kills N`: run a job while killing random nodes and its master, then
-report what it survived, what data was missed or redone, and the time the kills cost."""
+"""`dlrover chaos JOB.yaml --kills N`: run a job while killing or freezing random nodes and its
+master, then report which faults fired, what data was missed or redone, and the time they cost."""
 
 from __future__ import annotations
 
@@ -11,36 +11,86 @@ import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import TextIO
+from enum import Enum
+from typing import Any, TextIO
 
+from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
 from master.config import JobSpec
 from master.job.faults import MASTER
 
-# Kills land between these shares of the records, spaced out, so each finds the job running.
+# Faults land between these shares of the job (records, global steps or time), spaced out.
 FIRST_KILL_PERCENT = 10.0
 LAST_KILL_PERCENT = 85.0
 # How likely each kind of target is, among the ones the job has.
 TARGET_WEIGHTS = {"worker": 5, "ps": 2, "chief": 1, "evaluator": 1, MASTER: 2}
 
 
+class ChaosAction(Enum):
+    """What a fault does to its target. A platform's own action (a Ray node removed) is added
+    here, with its targets in `targets` and its `--kill` suffix in `suffix`."""
+
+    KILL = "kill"  # SIGKILL: the platform sees the exit at once
+    FREEZE = "freeze"  # SIGSTOP: alive and silent, found by the heartbeat timeout
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The node types it may hit: a freeze only nodes that send heartbeats."""
+        if self == ChaosAction.FREEZE:
+            return ("worker", "chief")
+        return ("worker", "ps", "chief", "evaluator", MASTER)
+
+    @property
+    def suffix(self) -> str:
+        """What follows TYPE:RANK@WHEN in the `--kill` value."""
+        return ":freeze" if self == ChaosAction.FREEZE else ""
+
+
+class Trigger(Enum):
+    """What the faults' times are shares of: RECORDS (of all records; needs a dataset), STEPS
+    (of the global step a fault-free run reached) or TIME (of its wall time)."""
+
+    RECORDS = "records"
+    STEPS = "steps"
+    TIME = "time"
+
+
+@dataclass(frozen=True)
+class JobScale:
+    """What a fault-free run of the job measured: its size in each trigger's unit."""
+
+    records: int
+    global_step: int
+    wall_seconds: float
+
+    def trigger(self) -> Trigger:
+        """The finest measure the job has: records, else global steps, else time."""
+        if self.records > 0:
+            return Trigger.RECORDS
+        return Trigger.STEPS if self.global_step > 0 else Trigger.TIME
+
+
 @dataclass(frozen=True)
 class ChaosPlan:
-    """The kills to inject, as `--kill` values in the order they fire."""
+    """The faults to inject, as `--kill` values in the order they fire."""
 
     seed: int
     kills: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    trigger: Trigger = Trigger.RECORDS
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
 class ChaosReport:
-    """What a chaos run found."""
+    """What a chaos run found; a fault counts as fired only if the job's events say it did."""
 
     job: str
     seed: int
+    trigger: str
     kills_planned: int
-    kills_done: int
-    kills_skipped: int
+    kills_fired: int
+    kills_skipped: int  # due, but the target was not running
+    kills_not_fired: int  # never due before the job's end
     status: str
     reason: str
     records_total: int
@@ -49,6 +99,9 @@ class ChaosReport:
     records_redone: int
     relaunches: int
     master_restarts: int
+    freezes_detected: int  # frozen nodes the master found (heartbeat lost) and ended
+    freezes_thawed: int  # frozen nodes resumed at the end of their freeze: never found
+    global_step: int
     wall_seconds: float
     baseline_wall_seconds: float | None = None
     seconds_lost: float | None = None
@@ -57,42 +110,142 @@ class ChaosReport:
     command: str = ""
 
 
-def plan_kills(spec: JobSpec, kills: int, seed: int) -> ChaosPlan:
-    """Random targets weighted by TARGET_WEIGHTS, at evenly spread shares of the records."""
+def when(trigger: Trigger, percent: float, scale: JobScale | None) -> str:
+    """The WHEN of a `--kill` value at `percent` of the job in `trigger`'s unit."""
+    if trigger == Trigger.RECORDS:
+        return f"{percent:.1f}%"
+    if scale is None:
+        raise ValueError(f"planning by {trigger.value} needs a fault-free run's measures")
+    if trigger == Trigger.STEPS:
+        return f"step={max(1, round(scale.global_step * percent / 100))}"
+    return f"{scale.wall_seconds * percent / 100:.1f}s"
+
+
+def plan_kills(
+    spec: JobSpec,
+    kills: int,
+    seed: int,
+    actions: tuple[ChaosAction, ...] = (ChaosAction.KILL,),
+    trigger: Trigger = Trigger.RECORDS,
+    scale: JobScale | None = None,
+    max_master_restarts: int = DEFAULT_MAX_MASTER_RESTARTS,
+) -> ChaosPlan:
+    """Random (action, target) pairs weighted by TARGET_WEIGHTS at evenly spread shares of the
+    job, within the relaunch budgets where they allow: a target whose budget is spent is not
+    drawn again while another one is left."""
     if kills < 1:
         raise ValueError(f"--kills must be at least 1, got {kills}")
+    if not actions:
+        raise ValueError("chaos needs at least one action")
     rng = random.Random(seed)
-    targets = [(t, spec.group(t).replicas) for t in ("worker", "ps", "chief", "evaluator")]
-    targets = [(t, n) for t, n in targets if n > 0] + [(MASTER, 1)]
-    weights = [TARGET_WEIGHTS[t] for t, _ in targets]
+    replicas = {t: spec.group(t).replicas for t in ("worker", "ps", "chief", "evaluator")}
+    replicas[MASTER] = 1
+    budget = {t: spec.group(t).max_relaunches for t in replicas if t != MASTER}
+    options = [
+        (action, node_type, rank)
+        for action in actions
+        for node_type in action.targets
+        for rank in range(replicas[node_type])
+    ]
+    if not options:
+        raise ValueError(f"the job has no node {'/'.join(a.value for a in actions)} can hit")
+    spent: Counter[tuple[str, int]] = Counter()
     step = (LAST_KILL_PERCENT - FIRST_KILL_PERCENT) / max(1, kills - 1)
-    out = []
+    out, capped = [], 0
     for i in range(kills):
-        node_type, replicas = rng.choices(targets, weights)[0]
-        rank = rng.randrange(replicas)
-        out.append(f"{node_type}:{rank}@{FIRST_KILL_PERCENT + i * step:.1f}%")
-    return ChaosPlan(seed, tuple(out), budget_warnings(spec, out))
+        left = [o for o in options if _within_budget(o, spent, budget, spec, max_master_restarts)]
+        pool = left or options
+        capped += len(pool) < len(options)
+        weights = [TARGET_WEIGHTS[t] / replicas[t] for _, t, _ in pool]
+        action, node_type, rank = rng.choices(pool, weights)[0]
+        spent[(node_type, rank)] += 1
+        at = when(trigger, FIRST_KILL_PERCENT + i * step, scale)
+        out.append(f"{node_type}:{rank}@{at}{action.suffix}")
+    notes = (
+        (f"{capped} faults drawn among the targets whose relaunch budgets were not spent",)
+        if capped
+        else ()
+    )
+    warnings = budget_warnings(spec, out, max_master_restarts)
+    return ChaosPlan(seed, tuple(out), warnings, trigger, notes)
 
 
-def budget_warnings(spec: JobSpec, kills: list[str]) -> tuple[str, ...]:
-    """Kills the job's relaunch budgets cannot absorb: the job is then expected to fail."""
-    per_node = Counter(k.split("@")[0] for k in kills if not k.startswith(MASTER))
+def _within_budget(
+    option: tuple[ChaosAction, str, int],
+    spent: Counter[tuple[str, int]],
+    budget: dict[str, int],
+    spec: JobSpec,
+    max_master_restarts: int,
+) -> bool:
+    _, node_type, rank = option
+    if node_type == MASTER:
+        return spent[(MASTER, 0)] < max_master_restarts
+    node_kills = sum(n for (t, _), n in spent.items() if t != MASTER)
+    return spent[(node_type, rank)] < budget[node_type] and node_kills < spec.max_relaunches
+
+
+def budget_warnings(
+    spec: JobSpec, kills: list[str], max_master_restarts: int = DEFAULT_MAX_MASTER_RESTARTS
+) -> tuple[str, ...]:
+    """Faults the job's relaunch budgets cannot absorb: the job is then expected to fail."""
+    targets = Counter(k.split("@")[0] for k in kills)
+    per_node = {node: n for node, n in targets.items() if not node.startswith(MASTER)}
     out = []
     for node, n in sorted(per_node.items()):
         node_type = node.split(":")[0]
         budget = spec.group(node_type).max_relaunches
         if n > budget:
             out.append(
-                f"{node.replace(':', '-')} is killed {n} times but {node_type}.max_relaunches is "
+                f"{node.replace(':', '-')} is hit {n} times but {node_type}.max_relaunches is "
                 f"{budget}: expect the job to fail"
             )
     total = sum(per_node.values())
     if total > spec.max_relaunches:
         out.append(
-            f"{total} node kills but the job's max_relaunches is {spec.max_relaunches}: "
+            f"{total} node faults but the job's max_relaunches is {spec.max_relaunches}: "
             "expect the job to fail"
         )
+    masters = targets.get(f"{MASTER}:0", 0)
+    if masters > max_master_restarts:
+        out.append(
+            f"the master is killed {masters} times but is restarted at most "
+            f"{max_master_restarts} times: expect the job to fail"
+        )
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class FaultCount:
+    """The faults of a run as its events tell them."""
+
+    fired: list[str]
+    skipped: list[str]
+    not_fired: list[str]
+    thawed: int
+    detected_freezes: int
+
+
+def count_faults(events: list[dict[str, Any]]) -> FaultCount:
+    """Sort a run's `fault` events: fired (reason fault_injection), skipped (due, target not
+    running), not fired (never due); frozen nodes thawed unfound, and those found (a lost
+    heartbeat of the incarnation a freeze hit)."""
+    faults = [e for e in events if e["kind"] == "fault"]
+    by_reason: dict[str, list[str]] = {}
+    for e in faults:
+        by_reason.setdefault(e.get("reason", ""), []).append(e["message"])
+    frozen = {
+        e["node_id"]
+        for e in faults
+        if e.get("reason") == "fault_injection" and e["details"].get("action") == "freeze"
+    }
+    lost = {e["node_id"] for e in events if e["kind"] == "heartbeat_lost"}
+    return FaultCount(
+        fired=by_reason.get("fault_injection", []),
+        skipped=by_reason.get("skipped", []),
+        not_fired=by_reason.get("not_fired", []),
+        thawed=len(by_reason.get("fault_thawed", [])),
+        detected_freezes=len(frozen & lost),
+    )
 
 
 def _submit(job_yaml: str, run_dir: str, extra: list[str], out: TextIO) -> tuple[dict, float]:
@@ -111,33 +264,45 @@ def _submit(job_yaml: str, run_dir: str, extra: list[str], out: TextIO) -> tuple
         return json.load(f), wall
 
 
+def measure(job_yaml: str, out_dir: str, out: TextIO) -> tuple[JobScale, float]:
+    """Run the job once without faults: its records, global step and time; and its wall time
+    as `dlrover submit` took it (the baseline)."""
+    summary, wall = _submit(job_yaml, os.path.join(out_dir, "baseline"), [], out)
+    if summary["status"] != "succeeded":
+        raise RuntimeError(
+            f"the fault-free run did not succeed ({summary['status']}: {summary['reason']}); "
+            "chaos needs a job that succeeds without faults"
+        )
+    records = sum(d["size"] * d["epochs"] for d in summary["datasets"].values())
+    scale = JobScale(records, int(summary["global_step"]), float(summary["wall_seconds"]))
+    return scale, wall
+
+
 def run_chaos(
     job_yaml: str,
     spec: JobSpec,
     plan: ChaosPlan,
     out_dir: str,
-    baseline: bool,
+    baseline_wall: float | None,
     out: TextIO,
 ) -> ChaosReport:
-    """Optionally run the job once without faults, then with the plan's kills; report."""
+    """Run the job with the plan's faults; report against the fault-free run's time if any."""
     os.makedirs(out_dir, exist_ok=True)
-    base_wall = None
-    if baseline:
-        _, base_wall = _submit(job_yaml, os.path.join(out_dir, "baseline"), [], out)
     extra = [arg for k in plan.kills for arg in ("--kill", k)]
     summary, wall = _submit(job_yaml, os.path.join(out_dir, "chaos"), extra, out)
     events = summary["events"]
-    faults = [e for e in events if e["kind"] == "fault"]
-    skipped = [e for e in faults if "skipped" in e["message"]]
+    count = count_faults(events)
     datasets = summary["datasets"].values()
     total = sum(d["size"] * d["epochs"] for d in datasets)
     done = sum(d["records_done"] for d in datasets)
     return ChaosReport(
         job=spec.name,
         seed=plan.seed,
+        trigger=plan.trigger.value,
         kills_planned=len(plan.kills),
-        kills_done=len(faults) - len(skipped),
-        kills_skipped=len(skipped),
+        kills_fired=len(count.fired),
+        kills_skipped=len(count.skipped),
+        kills_not_fired=len(plan.kills) - len(count.fired) - len(count.skipped),
         status=summary["status"],
         reason=summary["reason"],
         records_total=total,
@@ -146,10 +311,13 @@ def run_chaos(
         records_redone=sum(d["records_redone"] for d in datasets),
         relaunches=sum(1 for n in summary["nodes"] if n["relaunches"]),
         master_restarts=sum(1 for e in events if e["kind"] == "master_restarted"),
+        freezes_detected=count.detected_freezes,
+        freezes_thawed=count.thawed,
+        global_step=int(summary.get("global_step", 0)),
         wall_seconds=round(wall, 1),
-        baseline_wall_seconds=round(base_wall, 1) if base_wall is not None else None,
-        seconds_lost=round(wall - base_wall, 1) if base_wall is not None else None,
-        kills=[e["message"] for e in faults],
+        baseline_wall_seconds=round(baseline_wall, 1) if baseline_wall is not None else None,
+        seconds_lost=round(wall - baseline_wall, 1) if baseline_wall is not None else None,
+        kills=count.fired + count.skipped + count.not_fired,
         warnings=list(plan.warnings),
     )
 
@@ -157,21 +325,31 @@ def run_chaos(
 def format_report(report: ChaosReport) -> str:
     """The human-readable report printed at the end."""
     lines = [
-        f"== chaos report: job {report.job}, seed {report.seed}",
-        f"   kills: {report.kills_done} done, {report.kills_skipped} skipped "
-        f"(target not running), of {report.kills_planned} planned",
+        f"== chaos report: job {report.job}, seed {report.seed}, faults by {report.trigger}",
+        f"   faults: {report.kills_fired} fired of {report.kills_planned} planned; "
+        f"{report.kills_skipped} skipped (target not running), "
+        f"{report.kills_not_fired} never due before the job's end",
         f"   job {report.status}" + (f": {report.reason}" if report.reason else ""),
         f"   records: {report.records_done:,}/{report.records_total:,} done, "
-        f"{report.records_missing:,} missing, {report.records_redone:,} handed out again",
+        f"{report.records_missing:,} missing, {report.records_redone:,} handed out again"
+        if report.records_total
+        else f"   records: none (the job has no dataset); global step {report.global_step:,}",
         f"   relaunched nodes: {report.relaunches}, master restarts: {report.master_restarts}",
+    ]
+    if report.freezes_detected or report.freezes_thawed:
+        lines.append(
+            f"   frozen nodes: {report.freezes_detected} found by the heartbeat timeout, "
+            f"{report.freezes_thawed} never found (thawed at the end of the freeze)"
+        )
+    lines.append(
         f"   wall time: {report.wall_seconds:.1f}s"
         + (
             f" (fault-free run {report.baseline_wall_seconds:.1f}s: "
-            f"{report.seconds_lost:+.1f}s lost to the kills)"
+            f"{report.seconds_lost:+.1f}s lost to the faults)"
             if report.baseline_wall_seconds is not None
             else ""
-        ),
-    ]
+        )
+    )
     lines += [f"     - {k}" for k in report.kills]
     lines += [f"   warning: {w}" for w in report.warnings]
     return "\n".join(lines)

@@ -1,7 +1,8 @@
-"""Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN` on `dlrover submit`.
+"""Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN[:ACTION]` on `dlrover submit`.
 
 `parse_fault` reads a `--kill` value, `faults_due` says which faults fire now (pure), and
-`FaultInjector` is the part of the job that fires them."""
+`FaultInjector` is the part of the job that fires them: a signal, or a freeze (SIGSTOP, then
+SIGCONT if the node is still there when the freeze ends)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from master.config import NODE_TYPES
@@ -25,14 +27,35 @@ if TYPE_CHECKING:
 
 _PATTERN = re.compile(
     r"^(?P<type>[a-z]+):(?P<rank>\d+)@(?:(?P<pct>\d+(?:\.\d+)?)%|(?P<secs>\d+(?:\.\d+)?)s"
-    r"|step=(?P<step>\d+))(?::(?P<sig>[A-Z0-9]+))?$"
+    r"|step=(?P<step>\d+))(?::(?P<sig>[A-Za-z0-9]+)(?:=(?P<arg>\d+(?:\.\d+)?)s?)?)?$"
 )
+
+
+class FaultAction(Enum):
+    """What a fault does to its target. KILL sends a signal (SIGKILL unless told); FREEZE sends
+    SIGSTOP and SIGCONT when the freeze ends, unless the master ended the node first (a frozen
+    process is alive and silent: the heartbeat timeout must find it)."""
+
+    KILL = "kill"
+    FREEZE = "freeze"
 
 
 # `--kill master:0@...`: the master kills itself; its supervisor restarts it.
 MASTER = "master"
 # How long the other trainers wait for a late target a due fault waits on (then go on).
 KEEP_WORK_SECONDS = 120.0
+# A freeze with no length given lasts this many heartbeat timeouts, and at least the timeout
+# plus FREEZE_MARGIN_SECONDS: long enough that the master must find it, bounded if it does not.
+FREEZE_TIMEOUTS = 2.0
+FREEZE_MARGIN_SECONDS = 5.0
+
+
+def default_freeze_seconds(heartbeat_timeout_seconds: float) -> float:
+    """How long a freeze given no length lasts, for a job with this heartbeat timeout."""
+    return max(
+        FREEZE_TIMEOUTS * heartbeat_timeout_seconds,
+        heartbeat_timeout_seconds + FREEZE_MARGIN_SECONDS,
+    )
 
 
 class FaultSpecError(ValueError):
@@ -48,7 +71,9 @@ class Fault:
     at_percent: float | None = None  # of all records of all datasets, epochs included
     at_seconds: float | None = None  # since the job started
     at_step: int | None = None  # global step
-    signal: int = signal.SIGKILL
+    signal: int = signal.SIGKILL  # for KILL
+    action: FaultAction = FaultAction.KILL
+    freeze_seconds: float | None = None  # for FREEZE; None: the injector's default
 
     def describe(self) -> str:
         if self.at_percent is not None:
@@ -57,17 +82,22 @@ class Fault:
             when = f"{self.at_seconds:g}s after start"
         else:
             when = f"global step {self.at_step}"
-        return f"{signal.Signals(self.signal).name} to {self.node_type}-{self.rank} at {when}"
+        if self.action == FaultAction.FREEZE:
+            span = f" for {self.freeze_seconds:g}s" if self.freeze_seconds is not None else ""
+            what = f"SIGSTOP (a freeze{span})"
+        else:
+            what = signal.Signals(self.signal).name
+        return f"{what} to {self.node_type}-{self.rank} at {when}"
 
 
 def parse_fault(text: str) -> Fault:
     """Parse 'worker:1@50%', 'ps:0@30s', 'chief:0@step=1000', 'master:0@40%' (optionally
-    followed by ':SIGTERM')."""
+    followed by ':SIGTERM', or ':freeze' / ':freeze=20s' for a SIGSTOP undone after that)."""
     m = _PATTERN.match(text.strip())
     if not m:
         raise FaultSpecError(
             f"--kill {text!r}: expected TYPE:RANK@WHEN with WHEN one of 50% (of the records), "
-            "30s (after start) or step=1000, optionally followed by :SIGTERM; "
+            "30s (after start) or step=1000, optionally followed by :SIGTERM or :freeze[=20s]; "
             "for example --kill worker:1@50%"
         )
     node_type = m["type"]
@@ -79,8 +109,16 @@ def parse_fault(text: str) -> Fault:
     if node_type == MASTER and int(m["rank"]) != 0:
         raise FaultSpecError(f"--kill {text!r}: a job has one master, master:0")
     sig = signal.SIGKILL
-    if m["sig"]:
-        name = m["sig"] if m["sig"].startswith("SIG") else "SIG" + m["sig"]
+    action = FaultAction.KILL
+    if m["sig"] == FaultAction.FREEZE.value:
+        action = FaultAction.FREEZE
+        if node_type == MASTER:
+            raise FaultSpecError(f"--kill {text!r}: the master cannot be frozen, only killed")
+    elif m["arg"]:
+        raise FaultSpecError(f"--kill {text!r}: only :freeze takes a length (:freeze=20s)")
+    elif m["sig"]:
+        name = m["sig"].upper()
+        name = name if name.startswith("SIG") else "SIG" + name
         try:
             sig = signal.Signals[name]
         except KeyError:
@@ -94,7 +132,9 @@ def parse_fault(text: str) -> Fault:
         at_percent=pct,
         at_seconds=float(m["secs"]) if m["secs"] else None,
         at_step=int(m["step"]) if m["step"] else None,
-        signal=int(sig),
+        signal=int(signal.SIGSTOP if action == FaultAction.FREEZE else sig),
+        action=action,
+        freeze_seconds=float(m["arg"]) if m["arg"] else None,
     )
 
 
@@ -175,8 +215,13 @@ class FaultInjector:
         catch_up_positions: Callable[[], int],
         emit: Emit,
         save: Callable[[], None],
+        freeze_seconds: float = FREEZE_MARGIN_SECONDS,
     ) -> None:
         self._faults = list(faults)
+        self._freeze_seconds = freeze_seconds  # a freeze given no length
+        self._frozen: dict[int, tuple[Node, float]] = {}  # node id -> (node, thaw at, monotonic)
+        self._hit: set[int] = set()  # incarnations a fault hit (a second one waits for the next)
+        self._hit_at_step: dict[tuple[str, int], int] = {}  # rank -> global step it was hit at
         self._nodes = nodes
         self._platform = platform
         self._sharding = sharding
@@ -196,6 +241,7 @@ class FaultInjector:
     def tick(self, progress: Callable[[], JobProgress]) -> None:
         """Control loop: fire each fault whose trigger is reached (`progress` is asked once,
         after coalesced positions were caught up where a percentage is due)."""
+        self._thaw_due()
         if not self.pending:
             return
         if any(f.at_percent is not None for i, f in enumerate(self._faults) if i not in self.fired):
@@ -209,6 +255,14 @@ class FaultInjector:
         ):
             fault = self._faults[i]
             node = self._nodes.current(fault.node_type, fault.rank)
+            if node is not None and node.id in self._hit:
+                continue  # one fault per incarnation: this one waits for the next
+            if fault.at_step is not None and now.global_step <= self._hit_at_step.get(
+                (fault.node_type, fault.rank), -1
+            ):
+                # A step rehearses a death mid-training: the job must train on past the step
+                # the rank's last fault hit it at, not hit its relaunch while it starts.
+                continue
             if fault.node_type != MASTER and node and self._before_first_step(fault, node):
                 waiting_on = waiting_on or node
                 continue
@@ -219,9 +273,10 @@ class FaultInjector:
                 self._kill_self(fault, now.global_step)
                 continue
             if node is None or node.state != NodeState.RUNNING:
-                self._emit(
-                    "fault", f"fault injection: {fault.describe()}: node not running, skipped"
-                )
+                self._skipped(fault)
+                continue
+            if fault.action == FaultAction.FREEZE:
+                self._freeze(fault, node, now.global_step)
                 continue
             self._emit(
                 "fault",
@@ -231,9 +286,63 @@ class FaultInjector:
                 "fault_injection",
                 signal=int(fault.signal),
                 global_step=now.global_step,
+                action=fault.action.value,
             )
+            self._mark_hit(node, now.global_step)
             self._platform.signal_node(node.id, fault.signal)
         self._keep_work_for(waiting_on)
+
+    def _mark_hit(self, node: Node, global_step: int) -> None:
+        self._hit.add(node.id)
+        self._hit_at_step[(node.type, node.rank)] = global_step
+
+    def _skipped(self, fault: Fault) -> None:
+        self._emit(
+            "fault",
+            f"fault injection: {fault.describe()}: node not running, skipped",
+            reason="skipped",
+        )
+
+    def _freeze(self, fault: Fault, node: Node, global_step: int) -> None:
+        """SIGSTOP the node (all its processes); SIGCONT when the freeze ends (_thaw_due)."""
+        seconds = (
+            fault.freeze_seconds if fault.freeze_seconds is not None else (self._freeze_seconds)
+        )
+        if not self._platform.signal_node(node.id, signal.SIGSTOP):
+            self._skipped(fault)
+            return
+        self._frozen[node.id] = (node, time.monotonic() + seconds)
+        self._mark_hit(node, global_step)
+        self._emit(
+            "fault",
+            f"fault injection: {fault.describe()} (id {node.id}, at global step {global_step}; "
+            f"SIGCONT in {seconds:g}s unless the master ends it first)",
+            node,
+            "fault_injection",
+            signal=int(signal.SIGSTOP),
+            global_step=global_step,
+            action=fault.action.value,
+            freeze_seconds=seconds,
+        )
+
+    def _thaw_due(self) -> None:
+        """SIGCONT each frozen node whose freeze is over and that the master has not ended:
+        said as an event, since the master did not find it within the freeze."""
+        now = time.monotonic()
+        for node_id, (node, until) in list(self._frozen.items()):
+            if node.state.ended:
+                del self._frozen[node_id]  # found and ended: nothing to undo
+            elif now >= until:
+                del self._frozen[node_id]
+                self._hit.discard(node_id)  # it lives on: a later fault may hit it
+                if self._platform.signal_node(node_id, signal.SIGCONT):
+                    self._emit(
+                        "fault",
+                        f"fault injection: {node.name} (id {node_id}) thawed (SIGCONT) at the "
+                        "end of its freeze: the master had not ended it",
+                        node,
+                        "fault_thawed",
+                    )
 
     def _keep_work_for(self, target: Node | None) -> None:
         """While a due fault waits for `target`'s first step, keep what its peers read for it
@@ -289,7 +398,14 @@ class FaultInjector:
 
     def _kill_self(self, fault: Fault, global_step: int) -> None:
         """Fault injection on the master: record it as fired, then die by the signal."""
-        self._emit("fault", f"fault injection: {fault.describe()} (at global step {global_step})")
+        self._emit(
+            "fault",
+            f"fault injection: {fault.describe()} (at global step {global_step})",
+            reason="fault_injection",
+            signal=int(fault.signal),
+            global_step=global_step,
+            action=fault.action.value,
+        )
         self._sharding.flush()
         os.kill(os.getpid(), fault.signal)
         time.sleep(STOP_GRACE_SECONDS)  # a catchable signal: its handler asks the loop to stop

@@ -30,7 +30,7 @@ from master.job.cluster import Cluster
 from master.job.completion import Completion
 from master.job.events import EVENTS_FILE, EventLog, JobEvent, read_events
 from master.job.exits import ExitHandler
-from master.job.faults import Fault, FaultInjector, JobProgress
+from master.job.faults import Fault, FaultInjector, JobProgress, default_freeze_seconds
 from master.job.health import HealthMonitor
 from master.job.lifecycle import NodeLifecycle
 from master.job.migration import MigrateResult, PSMigrator
@@ -202,6 +202,7 @@ class JobMaster:
             self.rollback.catch_up_positions,
             emit,
             save,
+            freeze_seconds=default_freeze_seconds(spec.heartbeat_timeout_seconds),
         )
         # Automatic worker scaling and PS migration, when the YAML asks: the autoscaler
         # decides (master.job.autoscaler), the scaler applies.

@@ -225,17 +225,18 @@ def test_chaos_run_reports_kills_survived_and_no_record_missing(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [*DLROVER, "chaos", job, "--kills", "4", "--seed", "2", "--out-dir", str(tmp_path / "c")]
-        + ["--report", str(report)],
+        + ["--report", str(report), "--by", "records"],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=os.path.dirname(HERE),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "== chaos report: job fake, seed 2" in proc.stdout
+    assert "== chaos report: job fake, seed 2, faults by records" in proc.stdout
     r = json.loads(report.read_text())
     assert r["status"] == "succeeded" and r["records_missing"] == 0
-    assert r["kills_planned"] == 4 and r["kills_done"] + r["kills_skipped"] == 4
+    assert r["kills_planned"] == 4 and r["kills_fired"] + r["kills_skipped"] == 4
+    assert r["kills_not_fired"] == 0 and len(r["kills"]) == 4
     master_kills = sum("to master-0" in k for k in r["kills"])
     assert r["master_restarts"] == master_kills
     assert r["command"].startswith("dlrover chaos")

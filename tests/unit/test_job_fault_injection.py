@@ -113,12 +113,13 @@ def _fault_master(tmp_path, nodes, fault):
     from master.sharding.service import ShardingService
     from master.state.sqlite import SQLiteStateStore
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     sharding = ShardingService(SQLiteStateStore(str(tmp_path / "s.sqlite")), flush_seconds=3600)
     sharding.create(DatasetSpec("train", size=400, batch_size=10, records_per_shard=100))
     sharding.create(DatasetSpec("eval", size=100, batch_size=10, records_per_shard=100))
     events, platform = [], _Platform()
     injector = FaultInjector(
-        [fault],
+        fault if isinstance(fault, list) else [fault],
         _Nodes(nodes),
         platform,
         sharding,
@@ -174,4 +175,98 @@ def test_a_late_trainer_that_never_steps_holds_the_others_back_for_a_bounded_tim
     assert len(said) == 2 and "the others train on without waiting for it" in said[1]
     assert m.sharding.get_shard("train", holder=w0.id).status == ShardStatus.SHARD
     assert m.platform.signals == []  # still due: it fires at the late trainer's first step
+    m.sharding.close()
+
+
+def test_a_freeze_is_parsed_with_or_without_its_length():
+    from master.job.faults import FaultAction, FaultSpecError
+
+    frozen = parse_fault("worker:1@step=40:freeze")
+    assert (frozen.action, frozen.signal, frozen.freeze_seconds) == (
+        FaultAction.FREEZE,
+        signal.SIGSTOP,
+        None,
+    )
+    assert frozen.describe() == "SIGSTOP (a freeze) to worker-1 at global step 40"
+    timed = parse_fault("chief:0@30s:freeze=12.5s")
+    assert timed.freeze_seconds == 12.5
+    assert timed.describe() == "SIGSTOP (a freeze for 12.5s) to chief-0 at 30s after start"
+    assert parse_fault("worker:0@5%:TERM").signal == signal.SIGTERM
+    assert parse_fault("worker:0@5%").action == FaultAction.KILL
+    for bad, said in [
+        ("master:0@40%:freeze", "the master cannot be frozen"),
+        ("worker:0@40%:SIGTERM=3s", "only :freeze takes a length"),
+        ("worker:0@40%:SIGNOPE", "unknown signal"),
+    ]:
+        try:
+            parse_fault(bad)
+        except FaultSpecError as e:
+            assert said in str(e)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+def test_a_frozen_node_is_thawed_at_the_end_of_its_freeze_unless_the_master_ended_it(
+    tmp_path, monkeypatch
+):
+    from master.job import faults
+    from master.nodes.model import NodeState
+
+    w0, w1 = _trainer("worker", 0, 1, steps=5), _trainer("worker", 1, 2, steps=5)
+    m = _fault_master(tmp_path, [w0, w1], parse_fault("worker:1@40%:freeze=10s"))
+    now = faults.time.monotonic()
+    monkeypatch.setattr(faults.time, "monotonic", lambda: now)
+    m.tick()
+    assert m.platform.signals == [(w1.id, signal.SIGSTOP)]
+    assert "SIGSTOP (a freeze for 10s) to worker-1" in m.events[-1][1]
+    monkeypatch.setattr(faults.time, "monotonic", lambda: now + 9.9)
+    m.tick()
+    assert m.platform.signals == [(w1.id, signal.SIGSTOP)]  # still frozen
+    monkeypatch.setattr(faults.time, "monotonic", lambda: now + 10.0)
+    m.tick()
+    assert m.platform.signals[-1] == (w1.id, signal.SIGCONT)
+    assert "thawed (SIGCONT)" in m.events[-1][1]
+    m.tick()
+    assert len(m.platform.signals) == 2  # once
+
+    # Found by the master (its heartbeat lost) and ended before the freeze's end: no SIGCONT.
+    w0b, w1b = _trainer("worker", 0, 1, steps=5), _trainer("worker", 1, 2, steps=5)
+    m2 = _fault_master(tmp_path / "2", [w0b, w1b], parse_fault("worker:1@40%:freeze=10s"))
+    m2.tick()
+    w1b.state = NodeState.FAILED
+    monkeypatch.setattr(faults.time, "monotonic", lambda: now + 60)
+    m2.tick()
+    assert m2.platform.signals == [(w1b.id, signal.SIGSTOP)]
+    m.sharding.close()
+    m2.sharding.close()
+
+
+def test_a_freeze_without_a_length_lasts_past_the_heartbeat_timeout():
+    from master.job.faults import default_freeze_seconds
+
+    assert default_freeze_seconds(15) == 30
+    assert default_freeze_seconds(2) == 7
+    assert default_freeze_seconds(0) == 5
+
+
+def test_two_faults_due_at_once_on_one_node_hit_two_incarnations(tmp_path):
+    """A second SIGKILL to a dying process is no fault: it waits for the next incarnation."""
+    from master.nodes.model import NodeState
+
+    w1 = _trainer("worker", 1, 2, steps=5)
+    m = _fault_master(
+        tmp_path, [w1], [parse_fault("worker:1@step=10"), parse_fault("worker:1@step=20")]
+    )
+    m.global_step = 25
+    m.tick()
+    m.tick()
+    assert m.platform.signals == [(2, signal.SIGKILL)] and m.injector.fired == [0]
+    w1.state = NodeState.FAILED
+    m.injector._nodes.nodes = [_trainer("worker", 1, 3, steps=1)]  # its relaunch, stepping
+    m.tick()  # the job has not trained past the step the first fault hit at
+    assert m.platform.signals == [(2, signal.SIGKILL)]
+    m.global_step = 26
+    m.tick()
+    assert m.platform.signals == [(2, signal.SIGKILL), (3, signal.SIGKILL)]
+    assert m.injector.fired == [0, 1]
     m.sharding.close()
