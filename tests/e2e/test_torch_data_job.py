@@ -105,16 +105,30 @@ def losses(tmp_path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read(tmp_path / "loss.jsonl")}
 
 
-@pytest.mark.parametrize("snapshot", ["torch.save", "flash"])
-def test_a_rank_crashing_once_trains_every_record_once_per_epoch(tmp_path, data, snapshot):
+@pytest.mark.parametrize(
+    "launcher, snapshot",
+    [("dlrover-run", "torch.save"), ("dlrover-run", "flash"), ("torchrun", "torch.save")],
+)
+def test_a_rank_crashing_once_trains_every_record_once_per_epoch(
+    tmp_path, data, launcher, snapshot
+):
     extra = ["--crash-at-step", "13", "--ckpt-every", "5"]
     if snapshot == "flash":
         extra += ["--flash", str(tmp_path / "flash")]
-    out = run_launcher(
-        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2"],
-        train_args(tmp_path, data, *extra),
-        timeout=180,
-    )
+    flags = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2"]
+    argv = train_args(tmp_path, data, *extra)
+    if launcher == "dlrover-run":
+        out = run_launcher(flags, argv, timeout=180)
+    else:  # plain torchrun, no master; a fresh store per restart (DESIGN: environment facts)
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", *flags, *argv],
+            env=base_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=180,
+        )
     assert out.returncode == 0, out.stdout[-4000:]
     records = assert_every_record_once_per_epoch(tmp_path)
     resumed = {r["step"] for r in records if r["event"] == "start" and r["step"] > 0}
