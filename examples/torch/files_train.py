@@ -12,6 +12,11 @@ with ``--flash DIR``), and every rank resumes from the snapshot at start.
         --data '/tmp/data/*.txt' --ckpt /tmp/ck.pt --crash-at-step 20
     # elastic: dlrover-run --nnodes 1:2 ... shrinks and grows; the global batch stays the same
 
+With ``--sharded`` (a job run by ``dlrover submit``, one rank) the records come from the
+master's shards of the files instead (ShardedDataset.from_files, 2 DataLoader workers), and the
+data position is saved and restored with the model; ``--kill-loader-worker-at-step N`` SIGKILLs
+a DataLoader worker once.
+
 ``--ids-log FILE`` appends, after each optimizer step, the ids each rank trained on (JSON lines,
 with the step, epoch and group) so tests can check that every record of an epoch is trained
 exactly once; ``--loss-log FILE`` (rank 0) appends each step's mean loss.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -53,6 +59,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--crash-at-step", type=int, default=-1, help="once: SIGKILL --crash-rank")
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--step-seconds", type=float, default=0.0, help="extra sleep per step")
+    p.add_argument(
+        "--sharded", action="store_true", help="the master's shards (dlrover submit), one rank"
+    )
+    p.add_argument(
+        "--kill-loader-worker-at-step",
+        type=int,
+        default=-1,
+        help="once: SIGKILL a DataLoader worker",
+    )
     p.add_argument("--ids-log", default="")
     p.add_argument("--loss-log", default="")
     return p.parse_args()
@@ -75,17 +90,27 @@ class IdLines(Dataset):
         if not paths:
             raise SystemExit(f"no file matches --data {pattern!r}")
         self.ids = [int(line) for p in paths for line in open(p) if line.strip()]
-        g = torch.Generator().manual_seed(42)
-        self.w = torch.randn(FEATURES, 1, generator=g)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int):
-        rid = self.ids[i]
-        x = torch.sin(torch.arange(1, FEATURES + 1, dtype=torch.float32) * (rid + 1) * 0.37)
-        noise = 0.1 * torch.sin(torch.tensor([rid * 1.7]))
-        return rid, x, (x @ self.w + noise).squeeze(0)
+        return example(self.ids[i])
+
+
+W_TRUE = torch.randn(FEATURES, 1, generator=torch.Generator().manual_seed(42))
+
+
+def example(rid: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Record `rid`: its features and its label (a fixed linear model plus noise)."""
+    x = torch.sin(torch.arange(1, FEATURES + 1, dtype=torch.float32) * (rid + 1) * 0.37)
+    noise = 0.1 * torch.sin(torch.tensor([rid * 1.7]))
+    return rid, x, (x @ W_TRUE + noise).squeeze(0)
+
+
+def parse_lines(lines: list[bytes]):
+    """A batch of text lines (record ids) from ShardedDataset.from_files as (ids, x, y)."""
+    return torch.utils.data.default_collate([example(int(line)) for line in lines])
 
 
 def append_json(path: str, record: dict) -> None:
@@ -132,10 +157,96 @@ class Snapshots:
             self.flash.close()
 
 
+def train_sharded(args: argparse.Namespace) -> None:
+    """One rank reading the master's shards of the files with 2 DataLoader workers; the data
+    position is saved with the model and restored with it."""
+    from dlrover_torch.data import ShardedDataset
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    group = f"{os.environ.get('MASTER_PORT')}-{restart}"
+    ds = ShardedDataset.from_files(
+        "train",
+        args.data,
+        "text",
+        args.micro_batch,
+        epochs=args.epochs,
+        shuffle=True,
+        seed=args.seed,
+        records_per_shard=4 * args.micro_batch,
+        parse_fn=parse_lines,
+    )
+    torch.manual_seed(0)
+    model = nn.Linear(FEATURES, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    snapshots = Snapshots(args.ckpt, args.flash)
+    step = 0
+    state = snapshots.load()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        ds.load_state_dict(state["data"])  # the master's ledger goes back to that step
+        step = state["step"]
+    if args.ids_log:
+        append_json(
+            args.ids_log,
+            {
+                "event": "start",
+                "rank": 0,
+                "world": 1,
+                "group": group,
+                "step": step,
+                "t": time.time(),
+            },
+        )
+    marker = args.ckpt + ".killed"
+    for ids, x, y in ds.loader(num_workers=2):
+        loss = nn.functional.mse_loss(model(x).squeeze(1), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+        ds.step_done(step)
+        if args.ids_log:
+            append_json(
+                args.ids_log,
+                {
+                    "event": "step",
+                    "rank": 0,
+                    "world": 1,
+                    "group": group,
+                    "step": step,
+                    "epoch": -1,
+                    "ids": ids.tolist(),
+                },
+            )
+        if step % args.ckpt_every == 0:
+            snapshot = {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "data": ds.state_dict(step),
+                "step": step,
+            }
+            snapshots.save(step, snapshot, 0)
+        if step == args.kill_loader_worker_at_step and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+    snapshots.close()
+    ds.close()
+    if args.ids_log:
+        append_json(
+            args.ids_log, {"event": "done", "rank": 0, "world": 1, "group": group, "step": step}
+        )
+
+
 def main() -> None:
     args = parse_args()
     if args.make_data:
         make_data(args.make_data, args.records)
+        return
+    if args.sharded:
+        train_sharded(args)
         return
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -194,3 +194,42 @@ def test_the_world_shrinking_and_growing_keeps_records_and_the_loss_curve(tmp_pa
     assert sorted(elastic) == sorted(fault_free) == list(range(1, len(fault_free) + 1))
     for step, loss in fault_free.items():
         assert abs(elastic[step] - loss) <= 1e-4 * max(1.0, loss), (step, elastic[step], loss)
+
+
+def test_a_job_on_the_masters_shards_loses_a_dataloader_worker_and_trains_each_record_once(
+    tmp_path, data
+):
+    """Through `dlrover submit`: one rank reads the master's shards of the files with two
+    DataLoader workers; one is killed at step 23, the rank fails, dlrover-run restarts it, and it
+    restores model and data from the snapshot of step 20."""
+    import yaml
+
+    command = ["python", "-m", "dlrover_torch.run", "--nnodes", "1", "--nproc-per-node", "1"]
+    command += ["--max-restarts", "2", *train_args(tmp_path, data, "--sharded")]
+    command += ["--kill-loader-worker-at-step", "23", "--ckpt-every", "10"]
+    job = {
+        "name": "torch-sharded",
+        "command": command,
+        "workdir": str(tmp_path),
+        "env": {"OMP_NUM_THREADS": "1"},
+        "worker": {"replicas": 1, "max_relaunches": 0},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    summary = tmp_path / "summary.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+        + ["--summary-json", str(summary), "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env=base_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=200,
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert json.loads(summary.read_text())["status"] == "succeeded"
+    records = read(tmp_path / "ids.jsonl")
+    starts = [r["step"] for r in records if r["event"] == "start"]
+    assert starts == [0, 20], starts
+    kept = kept_ids(records)[-1]
+    assert sorted(kept) == sorted(list(range(RECORDS)) * EPOCHS)
