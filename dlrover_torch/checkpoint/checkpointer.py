@@ -10,6 +10,7 @@ import atexit
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -259,8 +260,20 @@ class Checkpointer:
             )
 
     def _at_exit(self) -> None:
-        """The script ended without close(): finish persists and free the memory copy."""
+        """The script ended without close(): finish persists and free the memory copy, unless
+        an uncaught exception ended it (then, as after a kill, a restart may reload it)."""
         if os.getpid() != self._owner_pid:  # a forked child exiting: the memory is not its own
+            return
+        if getattr(sys, "last_value", None) is not None:
+            log.warning(
+                "the script died of %s: the memory checkpoint of %s stays for a restart (freed "
+                "after %.0f s without one, its step written to disk first if it is not there)",
+                type(sys.last_value).__name__,
+                self.checkpoint_dir,
+                self._orphan_grace,
+            )
+            # As after a kill: the lease goes with this process and the service reaps.
+            self.wait()
             return
         try:
             self.close(remove_memory=self._lease is not None)

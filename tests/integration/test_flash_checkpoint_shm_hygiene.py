@@ -36,6 +36,8 @@ ck.save(1, state, storage="memory")
 ck.save(2, state, storage="memory")
 ck.prepare(state)  # the second slot's memory is reserved in the background: wait for it
 print("saved", flush=True)
+if sys.argv[2] == "raise":
+    raise RuntimeError("the training loop broke")
 sys.stdin.readline() if sys.argv[2] == "exit" else time.sleep(3600)
 """
 
@@ -73,6 +75,16 @@ def _start(ckdir: str, mode: str, env: dict[str, str] | None = None) -> subproce
     return proc
 
 
+def _wait_reaped(namespace: str, ckdir: str, what: str) -> None:
+    """Wait until the namespace's memory is gone; on a timeout say what is left and why."""
+    try:
+        wait_for(lambda: _leftovers(namespace) == [], 90, what)
+    except AssertionError as err:
+        listing = _shm_clean("ls")
+        on_disk = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else "no checkpoint dir"
+        raise AssertionError(f"{err}; left: {_leftovers(namespace)}; {listing}; {on_disk}") from err
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -107,7 +119,7 @@ def test_a_sigkilled_script_leaves_nothing_once_its_grace_has_passed(ckdir):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
-    wait_for(lambda: _leftovers(ns) == [], 60, "the killed script's service to reap its memory")
+    _wait_reaped(ns, ckdir, "the killed script's service to reap its memory")
 
 
 def _kill_with_its_service(ckdir: str) -> None:
@@ -132,6 +144,17 @@ def _shm_clean(*args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_a_script_dying_of_an_exception_keeps_its_memory_for_the_grace_then_saves_it(ckdir):
+    ns = standalone_namespace(ckdir)
+    proc = _start(ckdir, "raise", {ORPHAN_GRACE_ENV: "1"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "the training loop broke" in err, err
+    assert "stays for a restart" in err, err
+    # its service reaps it after the grace: the step held only in memory goes to disk first
+    _wait_reaped(ns, ckdir, "the service to reap the memory")
+    assert storage.read_tracker(ckdir) == 2
 
 
 def test_killed_with_its_service_the_next_start_or_the_command_frees_it(tmp_path, ckdir):
