@@ -9,8 +9,8 @@ with ``gc --now``, or by ``gc`` when their step is on disk. An orphan whose newe
 on disk is first written to its checkpoint dir (*rescued*); one that cannot be is *kept* and
 reported until ``gc --now``.
 
-    python -m dlrover_torch.checkpoint.shm_clean ls
-    python -m dlrover_torch.checkpoint.shm_clean gc [--now]
+    dlrover checkpoint ls            (or python -m dlrover_torch.checkpoint.shm_clean ls)
+    dlrover checkpoint gc [--now]
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def sweep(
                 why = failures[id(group)] or "its other ranks' files are not on disk yet"
                 log.warning(
                     "kept ownerless flash-checkpoint memory holding the only copy of its step "
-                    "(%s); free it with `python -m dlrover_torch.checkpoint.shm_clean gc --now`: "
+                    "(%s); free it with `dlrover checkpoint gc --now`: "
                     "%s",
                     why,
                     group.describe(),

@@ -8,6 +8,7 @@ import sys
 from master.cli import (
     cmd_brain,
     cmd_chaos,
+    cmd_checkpoint,
     cmd_convert,
     cmd_logs,
     cmd_migrate,
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_logs.add_parser(sub)
     cmd_migrate.add_parser(sub)
     cmd_convert.add_parser(sub)
+    cmd_checkpoint.add_parser(sub)
     return p
 
 
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_chaos.run(args, argv)
     if args.cmd == "convert":
         return cmd_convert.run(args)
+    if args.cmd == "checkpoint":
+        return cmd_checkpoint.run(args)
     if args.cmd == "brain":
         return cmd_brain.run(args)
     return cmd_submit.run(args, argv)

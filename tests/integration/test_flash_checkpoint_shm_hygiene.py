@@ -135,8 +135,9 @@ def _kill_with_its_service(ckdir: str) -> None:
 
 
 def _shm_clean(*args: str) -> str:
+    """`dlrover checkpoint ARGS` as a user runs it; its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "dlrover_torch.checkpoint.shm_clean", *args],
+        [sys.executable, "-m", "master.cli", "checkpoint", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
