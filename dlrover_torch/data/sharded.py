@@ -234,6 +234,12 @@ class ShardedDataset(IterableDataset):
         """The data position as of the last step_done, kept by the master under `global_step`
         (default: the steps done). Call it on every rank at the same step: a rank's own
         reports are applied before it saves."""
+        if get_worker_info() is not None:
+            raise TypeError(
+                "ShardedDataset.state_dict() was called in a DataLoader worker (a loader that "
+                "snapshots its dataset, e.g. StatefulDataLoader?): iterate ds.loader(...) and "
+                "save ds.state_dict() from the training loop"
+            )
         step = self._steps if global_step is None else global_step
         self.flush()
         self.client.save_ledger(self.name, step)
@@ -261,13 +267,17 @@ class ShardedDataset(IterableDataset):
         step = int(state["global_step"])
         if not dist.is_initialized() or dist.get_rank() == 0:
             try:
-                self.client.restore_ledger(self.name, step)
+                found = self.client.restore_ledger(self.name, step).global_step
             except MasterError as e:
+                found, error = -1, str(e)
+            else:
+                error = f"the master went back to step {found}, its latest saved before it"
+            if found != step:
                 raise MasterError(
-                    f"cannot bring dataset {self.name!r} back to step {step}: {e}. The master "
-                    "keeps the positions of its own job; a state saved in another job cannot "
-                    "be restored"
-                ) from None
+                    f"cannot bring dataset {self.name!r} back to step {step}: {error}. The "
+                    "master keeps the positions saved in its own job (ds.state_dict()); a state "
+                    "saved in another job cannot be restored: start without loading it"
+                )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
         self._steps = step

@@ -197,3 +197,13 @@ def test_only_a_nodes_first_local_rank_gives_its_shards_back(harness, monkeypatc
     assert len(held_ids) == 2
     other.close()
     leader.close()
+
+
+def test_a_step_the_master_has_no_snapshot_for_is_a_clear_error(harness):
+    from master.client import MasterError
+
+    ds = make(harness)
+    state = {"dataset": "ds", "global_step": 3, "size": N, "shuffle": True, "seed": 0}
+    with pytest.raises(MasterError, match="cannot bring dataset .ds. back to step 3.*another job"):
+        ds.load_state_dict(state)
+    ds.close()
