@@ -121,6 +121,16 @@ def when(trigger: Trigger, percent: float, scale: JobScale | None) -> str:
     return f"{scale.wall_seconds * percent / 100:.1f}s"
 
 
+def _check_measurable(trigger: Trigger, scale: JobScale | None) -> None:
+    """Refuse a trigger the fault-free run showed the job never reaches."""
+    if scale is None:
+        return
+    if trigger == Trigger.RECORDS and scale.records == 0:
+        raise ValueError("the fault-free run read no dataset of the master: use --by steps or time")
+    if trigger == Trigger.STEPS and scale.global_step == 0:
+        raise ValueError("the fault-free run reported no global step: use --by time")
+
+
 def plan_kills(
     spec: JobSpec,
     kills: int,
@@ -137,6 +147,7 @@ def plan_kills(
         raise ValueError(f"--kills must be at least 1, got {kills}")
     if not actions:
         raise ValueError("chaos needs at least one action")
+    _check_measurable(trigger, scale)
     rng = random.Random(seed)
     replicas = {t: spec.group(t).replicas for t in ("worker", "ps", "chief", "evaluator")}
     replicas[MASTER] = 1

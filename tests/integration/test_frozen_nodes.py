@@ -228,7 +228,9 @@ def test_a_frozen_node_is_found_within_the_timeout_killed_and_relaunched(tmp_pat
     detected = lost.time - frozen_at
     print(f"frozen worker-1 found {detected:.2f}s after SIGSTOP (timeout {timeout:g}s)")
     assert detected <= timeout + 1.0
-    job.wait(lambda: job.stepping("worker", 1, after=victim), "step of the relaunched worker-1")
+    again = job.wait(lambda: job.stepping("worker", 1, after=victim), "step of worker-1 again")
+    launched = job.event("node_running", again.id)
+    print(f"relaunched {launched.time - lost.time:.2f}s after it was found")
     assert job.finish() == JobState.SUCCEEDED
     assert not group_alive(pgid)  # SIGKILL ended the stopped processes, the platform reaped them
     failed = job.event("node_failed", victim.id)
@@ -282,7 +284,9 @@ def test_a_cut_off_node_is_relaunched_then_fenced_when_it_comes_back(tmp_path, l
     print(f"cut-off worker-1 found {detected:.2f}s after the cut (timeout {timeout:g}s)")
     assert detected <= timeout + 1.0
     assert platform.undelivered == [signal.SIGKILL]
-    job.wait(lambda: job.stepping("worker", 1, after=victim), "step of the relaunched worker-1")
+    again = job.wait(lambda: job.stepping("worker", 1, after=victim), "step of worker-1 again")
+    launched = job.event("node_running", again.id)
+    print(f"relaunched {launched.time - lost.time:.2f}s after it was found")
     assert group_alive(pgid)  # cut off, not dead: it kept running all along
     after_cut = ids_in(ids_file, at_cut - at_cut % 8)
     platform.reconnect()

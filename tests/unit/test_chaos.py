@@ -79,6 +79,10 @@ def test_a_job_without_records_is_planned_by_its_global_step_or_its_time():
     assert JobScale(records=100, global_step=7, wall_seconds=1.0).trigger() == Trigger.RECORDS
     with pytest.raises(ValueError, match="needs a fault-free run"):
         plan_kills(s, 3, 1, trigger=Trigger.STEPS)
+    with pytest.raises(ValueError, match="reported no global step: use --by time"):
+        plan_kills(s, 3, 1, trigger=Trigger.STEPS, scale=silent)
+    with pytest.raises(ValueError, match="read no dataset of the master"):
+        plan_kills(s, 3, 1, trigger=Trigger.RECORDS, scale=torch_like)
 
 
 def test_freezes_hit_only_nodes_that_send_heartbeats():
