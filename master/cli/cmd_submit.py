@@ -80,7 +80,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             default=[],
             metavar="TYPE:RANK@WHEN",
             help="fault injection: kill a node when WHEN is reached: 50%% (of all records), "
-            "30s (after start) or step=1000; e.g. worker:1@50%%. May repeat.",
+            "30s (after start) or step=1000; e.g. worker:1@50%%, or worker:1@50%%:SIGTERM; "
+            "worker:1@50%%:freeze[=20s] freezes it instead (SIGSTOP). May repeat.",
         )
         s.add_argument("--status-interval", type=float, default=2.0, help="seconds between lines")
         s.add_argument(
