@@ -15,10 +15,16 @@ global step (`--kill-step`, or later once the standby PS is ready):
   restores that checkpoint (`dlrover_tf.elastic_model_fn`), workers resume.
 
 Recovery time = from the failure (or the migrate call) to the first step that moves the data
-forward again, polled every 0.2 s through a client of the master. Steps lost = the records the
-master rolled back, in steps (its rollback event counts every step taken, where the global step
-it has seen lags by up to a coalesced report's interval); for the full restart, which has no
-rollback, the global step seen at the failure minus the checkpoint step (a lower bound).
+forward again, polled every 0.2 s through a client of the master; the full restart is charged
+the elastic run's detection time too (a user's restart notices the failure no sooner). Both
+sides checkpoint by the same policy (`--checkpoint-overhead`: the master sets the chief's
+interval) and count steps lost the same way: the global step the master had seen at the failure
+minus the step of the checkpoint restored (the elastic run also shows the records its rollback
+sent back, which counts every step taken).
+
+Then the failures of `ps_failures.py`, each trained to its end with every trained id logged: a
+frozen PS (SIGSTOP, found by the heartbeat timeout), a PS lost with no standby ready, and (on a
+multi-node Ray cluster) the Ray node holding ps-0 removed.
 
 Each recovery's timeline comes from the job's `recovery` event (master.job.recovery_timeline):
 failure detected, PS process started (or the standby promoted), PS serving, sessions rebuilt
@@ -47,12 +53,15 @@ import yaml
 from common import ROOT, cpu_seconds, use_checkout
 
 use_checkout()
+from ps_failures import detected_after, failure_run  # noqa: E402
+
 from master.client import MasterClient, MasterError, read_token  # noqa: E402
 from master.job.recovery_timeline import PHASE_LABELS  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "tf")
 POLL_SECONDS = 0.2
 JOB_CHECKPOINT_STEPS = 500  # the example's save_checkpoints_steps
+EPOCHS = 2  # the example job's
 _STATUS_STEP = re.compile(r"global step (\d+)")
 _STATUS_DONE = re.compile(r"dataset train: ([\d,]+)/")
 
@@ -260,15 +269,16 @@ def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> d
     resumed = _watch_resume(job, done_before)
     summary = job.finish(stop=True)
     ckpt = _restored_step(summary)
-    # The master's global step lags the trainers' by up to a coalesced report's interval; the
-    # rollback counts every step taken (positions caught up), so the redo comes from it.
+    # Steps lost are counted as for the full restart (the step the master had seen minus the
+    # checkpoint's); the records the rollback sent back (every step taken) are shown too.
     redo = _records_rolled_back(summary)
     return {
         "recovery_seconds": round((resumed or time.time()) - killed, 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "records_to_train_again": redo,
-        "steps_lost": -(-redo // batch_size()),
+        "steps_lost": max(0, step_at_kill - ckpt),
+        "detected_seconds": detected_after(_timeline(summary, "ps_failure"), killed),
         "job_status": summary["status"],
         "wall_seconds": summary["wall_seconds"],
         "steps_per_second_before_failure": round(rate, 2),
@@ -306,8 +316,9 @@ def migration_run(job_yaml: str, workdir: str, at_step: int, memory_mb: int) -> 
     }
 
 
-def baseline_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
-    """The job (with no standby PS: a manual restart has none) killed whole, then restarted."""
+def baseline_run(job_yaml: str, workdir: str, kill_step: int, detection: float) -> dict:
+    """The job (with no standby PS: a manual restart has none) killed whole, then restarted;
+    charged `detection` seconds for noticing the failure (the elastic run's, measured)."""
     first_dir = os.path.join(workdir, "baseline-1")
     job = Job(job_yaml, first_dir)
     _, step_at_kill, _, rate = job.rate_until(kill_step)
@@ -344,7 +355,8 @@ def baseline_run(job_yaml: str, workdir: str, kill_step: int) -> dict:
         }
         timeline["seconds"] = round(timeline["seconds"] + shift, 3)
     return {
-        "recovery_seconds": round(resumed - t_fail, 2),
+        "recovery_seconds": round(resumed - t_fail + detection, 2),
+        "detection_charged_seconds": detection,
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "steps_lost": max(0, step_at_kill - ckpt),
@@ -377,6 +389,12 @@ def main() -> int:
         help="the elastic run's checkpoint_overhead: the master sets the chief's checkpoint "
         "interval so saving costs this fraction of the time (0: the job's 500 steps)",
     )
+    p.add_argument(
+        "--failure-records",
+        type=int,
+        default=640_000,
+        help="records of the frozen-PS and no-standby runs (trained to their end)",
+    )
     p.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temporary one")
     args = p.parse_args()
     standby = not args.no_standby
@@ -397,8 +415,34 @@ def main() -> int:
             workdir, args.records, standby, "tuned.yaml", args.checkpoint_overhead
         )
         elastic = elastic_run(tuned_yaml, workdir, args.kill_step, standby)
-        plain_yaml = write_job(workdir, args.records, False, "plain.yaml")
-        baseline = baseline_run(plain_yaml, workdir, args.kill_step)
+        # The same checkpoint interval policy as the elastic run, with no standby.
+        plain_yaml = write_job(workdir, args.records, False, "plain.yaml", args.checkpoint_overhead)
+        baseline = baseline_run(
+            plain_yaml, workdir, args.kill_step, elastic["detected_seconds"] or 0.0
+        )
+        failures = {}
+        for key, kind, with_standby in (
+            ("frozen_ps", "frozen", standby),
+            ("no_standby", "no_standby", False),
+        ):
+            short = write_job(
+                workdir,
+                args.failure_records,
+                with_standby,
+                f"{kind}-base.yaml",
+                args.checkpoint_overhead,
+            )
+            failures[key] = failure_run(
+                sys.modules[__name__],
+                short,
+                workdir,
+                kind,
+                args.kill_step,
+                args.failure_records,
+                EPOCHS,
+                with_standby,
+            )
+        failures["host_loss"] = {"skipped": "needs --ray-nodes (a multi-node Ray cluster)"}
     ratio = baseline["recovery_seconds"] / max(elastic["recovery_seconds"], 1e-9)
     if not args.json_only:
         for name, r in (("elastic", elastic), ("full restart", baseline)):
@@ -420,6 +464,17 @@ def main() -> int:
         )
         print(format_timeline(migration["timeline"]))
         print(f"recovery time: full restart / elastic = {ratio:.2f}x")
+        for key, r in failures.items():
+            if "skipped" in r:
+                print(f"{key:13s}: skipped ({r['skipped']})")
+                continue
+            print(
+                f"{key:13s}: detected {r['detected_seconds']} s after the failure, training "
+                f"resumed {r['recovery_seconds']:.1f} s after it, {r['steps_lost']} steps lost, "
+                f"{r['records_missing']} records missing, {r['records_trained_more']} trained "
+                f"more than {EPOCHS}x ({r['job_status']})"
+            )
+            print(format_timeline(r["timeline"]))
         cost = elastic["standby_cost"]
         if cost:
             print(
@@ -439,6 +494,7 @@ def main() -> int:
                 "benchmark": "ps_recovery",
                 "ps_failure": {"elastic": elastic, "full_restart": baseline},
                 "ps_migration": migration,
+                **failures,
                 "recovery_speedup": round(ratio, 3),
                 "standby": standby,
             }

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -136,19 +137,29 @@ def start_server(task: PSTask, env: Mapping[str, str] | None = None) -> object:
 
 
 def report_serving(task: PSTask, at: float, env: Mapping[str, str]) -> None:
-    """Set this PS task's serving key in the master's KV store (for its recovery timeline).
-    Without a master (a PS run by hand) there is nobody to tell."""
+    """Set this PS task's serving key in the master's KV store (for its recovery timeline),
+    then beat: a PS that freezes (stopped, swapping, its host cut off) goes silent and the
+    master's heartbeat timeout replaces it. Without a master (a PS run by hand) there is nobody
+    to tell."""
     if not env.get("DLROVER_MASTER_ADDR"):
         return
     try:
-        from master.client import KVClient, MasterClient, MasterError, ps_serving_key
+        from master.client import (
+            HeartbeatThread,
+            KVClient,
+            MasterClient,
+            MasterError,
+            ps_serving_key,
+        )
 
         client = MasterClient.from_env(env)
         value = json.dumps({"node_id": int(env.get("DLROVER_NODE_ID", "0")), "at": at})
         KVClient(client).set(ps_serving_key(task.index), value.encode())
-        client.close()
+        reply = client.register(socket.gethostname(), os.getpid())
     except (MasterError, ValueError) as err:
         logger.warning("cannot tell the master that ps task %d serves: %s", task.index, err)
+        return
+    HeartbeatThread(client, max(reply.heartbeat_interval_ms, 200) / 1000).start()
 
 
 def wait_for_stop(name: str) -> NoReturn:

@@ -46,9 +46,15 @@ def promotion(value: bytes) -> tuple[str, int] | None:
     return str(doc["tf_config"]), int(doc["node_id"])
 
 
-def promoted_env(env: Mapping[str, str], tf_config: str, rank: int) -> dict[str, str]:
-    """The environment of the PS task this standby becomes: its TF_CONFIG and its rank."""
-    return {**env, "TF_CONFIG": tf_config, "DLROVER_NODE_RANK": str(rank)}
+def promoted_env(
+    env: Mapping[str, str], tf_config: str, rank: int, node_id: int | None = None
+) -> dict[str, str]:
+    """The environment of the PS task this standby becomes: its TF_CONFIG, its rank and the
+    node id it serves (and beats) as."""
+    promoted = {**env, "TF_CONFIG": tf_config, "DLROVER_NODE_RANK": str(rank)}
+    if node_id is not None:
+        promoted["DLROVER_NODE_ID"] = str(node_id)
+    return promoted
 
 
 def wait_port_free(address: str, timeout: float = PORT_FREE_TIMEOUT_SECONDS) -> bool:
@@ -148,7 +154,7 @@ def _await_promotion(kv: object, node_id: int, servers: list[object]) -> None:
         logger.warning("%s still in use after %.0f s", task.address, PORT_FREE_TIMEOUT_SECONDS)
     elif time.monotonic() - waited > 0.005:
         logger.info("waited %.3f s for %s to be free", time.monotonic() - waited, task.address)
-    env = promoted_env(os.environ, tf_config, task.index)
+    env = promoted_env(os.environ, tf_config, task.index, promoted[1])
     servers.append(start_server(task, env))
 
 
