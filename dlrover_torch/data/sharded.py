@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,8 +27,13 @@ from master.pb import data_pb2
 
 log = logging.getLogger(__name__)
 
-# How long one blocking shard ask may wait on the master before asking again.
-SHARD_WAIT_MS = 5_000
+# Asks never wait on the master: a wait left by a process that died goes on there and can be
+# granted after the restarted process gave the node's shards back, leaving a shard that nobody
+# reads (the node is the holder; the TF side's fresh incarnation ids fence that). A reader that
+# finds nothing to take now asks again after a pause that grows to PENDING_PAUSE_MAX_S; this
+# happens only at the end of the last epoch, while other readers finish theirs.
+PENDING_PAUSE_MIN_S = 0.05
+PENDING_PAUSE_MAX_S = 1.0
 # A file dataset's shuffle block when none is given: this many batches, at least MIN_BLOCK.
 BLOCK_BATCHES = 16
 MIN_BLOCK = 4096
@@ -57,9 +63,11 @@ def shard_batches(
     parts: list[Any] = []
     segments: dict[int, int] = {}
     have = 0
+    pause = PENDING_PAUSE_MIN_S
     while True:
-        reply = client.get_shard(name, wait_ms=0 if have else SHARD_WAIT_MS)
+        reply = client.get_shard(name)
         if reply.status == data_pb2.GetShardReply.SHARD:
+            pause = PENDING_PAUSE_MIN_S
             shard = reply.shard
             source = open_shard(shard)
             consumed = 0
@@ -78,6 +86,8 @@ def shard_batches(
             parts, segments, have = [], {}, 0
         if reply.status == data_pb2.GetShardReply.END:
             return
+        time.sleep(pause)
+        pause = min(2 * pause, PENDING_PAUSE_MAX_S)
 
 
 def _identity(item: Any) -> Any:
