@@ -102,8 +102,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.report:
         write_report(report, args.report)
     ok = (
-        report.status == "succeeded"
-        and report.records_missing == 0
-        and report.kills_not_fired == 0
+        report.status == "succeeded" and report.records_missing == 0 and report.kills_not_fired == 0
     )
     return 0 if ok else 1
