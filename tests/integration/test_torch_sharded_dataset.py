@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -38,19 +39,21 @@ def make(harness, **kw):
     return ShardedDataset("ds", Records(), BATCH, client=harness.client(0), **kw)
 
 
-def train(ds, loader, ids, kill_worker_at=0, save_at=0):
-    """Iterate as a training loop does, appending each step's ids to `ids`; returns the state
-    saved at step `save_at`. At step `kill_worker_at` a DataLoader worker is SIGKILLed (the
-    DataLoader then fails the loop, as it fails a training script)."""
-    saved = None
+def train(ds, loader, ids, kill_worker_at=0, save_at=0, saved=None):
+    """Iterate as a training loop does, appending each step's ids to `ids` and the state saved
+    at step `save_at` to `saved`. At step `kill_worker_at` a DataLoader worker is SIGKILLed:
+    the DataLoader then fails the loop (from its SIGCHLD handler, which is let run here, where
+    it interrupts nothing; in a real job the process ends there anyway)."""
     for step, batch in enumerate(loader, start=1):
         ids.append(batch.tolist())
         ds.step_done()
         if step == save_at:
-            saved = ds.state_dict()
+            saved.update(ds.state_dict())
         if step == kill_worker_at:
             os.kill(loader.iterator._workers[0].pid, signal.SIGKILL)
-    return saved
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 def counts(ids):
@@ -89,19 +92,8 @@ def test_a_restore_brings_the_data_back_to_the_saved_step(harness):
     first = make(harness)
     ids1: list = []
     saved: dict = {}
-
-    def save(step):
-        if step == 5:
-            saved.update(first.state_dict())
-
     with pytest.raises(WORKER_DIED):
-        loader = first.loader(**FORK)
-        for step, batch in enumerate(loader, start=1):
-            ids1.append(batch.tolist())
-            first.step_done()
-            save(step)
-            if step == 12:
-                os.kill(loader.iterator._workers[0].pid, signal.SIGKILL)
+        train(first, first.loader(**FORK), ids1, kill_worker_at=12, save_at=5, saved=saved)
     first.flush()
     assert saved["global_step"] == 5
     again = make(harness)
