@@ -278,6 +278,10 @@ class FaultInjector:
             if fault.action == FaultAction.FREEZE:
                 self._freeze(fault, node, now.global_step)
                 continue
+            if not self._platform.signal_node(node.id, fault.signal):
+                self._skipped(fault)  # it ended meanwhile: the signal reached nothing
+                continue
+            self._mark_hit(node, now.global_step)
             self._emit(
                 "fault",
                 f"fault injection: {fault.describe()} (id {node.id}, at global step "
@@ -288,8 +292,6 @@ class FaultInjector:
                 global_step=now.global_step,
                 action=fault.action.value,
             )
-            self._mark_hit(node, now.global_step)
-            self._platform.signal_node(node.id, fault.signal)
         self._keep_work_for(waiting_on)
 
     def _mark_hit(self, node: Node, global_step: int) -> None:

@@ -270,3 +270,13 @@ def test_two_faults_due_at_once_on_one_node_hit_two_incarnations(tmp_path):
     assert m.platform.signals == [(2, signal.SIGKILL), (3, signal.SIGKILL)]
     assert m.injector.fired == [0, 1]
     m.sharding.close()
+
+
+def test_a_kill_that_reaches_no_process_is_skipped_not_fired(tmp_path):
+    w1 = _trainer("worker", 1, 2, steps=5)
+    m = _fault_master(tmp_path, [w1], parse_fault("worker:1@40%"))
+    m.platform.signal_node = lambda node_id, sig: False  # it ended just now
+    m.tick()
+    assert m.injector.fired == [0]
+    assert [k for k, _ in m.events] == ["fault"] and m.events[0][1].endswith("skipped")
+    m.sharding.close()
