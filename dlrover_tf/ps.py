@@ -159,7 +159,9 @@ def report_serving(task: PSTask, at: float, env: Mapping[str, str]) -> None:
     except (MasterError, ValueError) as err:
         logger.warning("cannot tell the master that ps task %d serves: %s", task.index, err)
         return
-    HeartbeatThread(client, max(reply.heartbeat_interval_ms, 200) / 1000).start()
+    interval = max(reply.heartbeat_interval_ms, 200) / 1000
+    HeartbeatThread(client, interval).start()
+    logger.info("ps task %d beats to the master every %.1f s", task.index, interval)
 
 
 def wait_for_stop(name: str) -> NoReturn:

@@ -42,7 +42,8 @@ def _process(run_dir, module: str) -> psutil.Process:
             cmd, env = p.info["cmdline"] or [], p.info["environ"] or {}
         except psutil.Error:
             continue
-        if module in cmd and cmd[-1] == module and env.get("DLROVER_RUN_DIR") == str(run_dir):
+        # `python -m module` itself, not a guard whose command line ends with it
+        if cmd[1:3] == ["-m", module] and env.get("DLROVER_RUN_DIR") == str(run_dir):
             return p
     raise AssertionError(f"no {module} process in {run_dir}")
 
@@ -56,13 +57,21 @@ def _serves(address: str) -> bool:
         return False
 
 
+FROZEN_TIMEOUT = 3.0  # the job's heartbeat timeout when its PS is frozen
+
+
 def test_killed_ps_is_replaced_by_the_standby_at_its_address(tmp_path):
     standby_story(tmp_path)
 
 
-def standby_story(tmp_path, *submit_args: str) -> None:
-    """A job with a built-in PS: its standby gets ready, the PS is SIGKILLed, the standby
-    serves at its address, a new standby follows, and nothing is left when the job stops."""
+def test_a_frozen_ps_is_found_by_its_heartbeat_timeout_and_replaced_by_the_standby(tmp_path):
+    standby_story(tmp_path, freeze=True)
+
+
+def standby_story(tmp_path, *submit_args: str, freeze: bool = False) -> None:
+    """A job with a built-in PS: its standby gets ready, the PS is SIGKILLed (or frozen with
+    SIGSTOP: alive, silent), the standby serves at its address, a new standby follows, and
+    nothing is left when the job stops."""
     ids = tmp_path / "ids"
     ids.mkdir()
     job = {
@@ -77,6 +86,8 @@ def standby_story(tmp_path, *submit_args: str) -> None:
         "ps": {"replicas": 1},  # the built-in TF PS: a standby is kept for it
         "worker": {"replicas": 1},
     }
+    if freeze:
+        job["heartbeat_timeout_seconds"] = FROZEN_TIMEOUT
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
@@ -98,8 +109,14 @@ def standby_story(tmp_path, *submit_args: str) -> None:
         ps = _process(run_dir, "dlrover_tf.ps")
         assert _serves(address)
 
+        if freeze:  # once the PS beats (it registers after it serves)
+            ps_log = run_dir / "logs" / "ps-0.1.log"
+            deadline = time.monotonic() + 60
+            while "beats to the master" not in ps_log.read_text():
+                assert time.monotonic() < deadline, ps_log.read_text()
+                time.sleep(0.05)
         killed_at = time.time()
-        os.kill(ps.pid, signal.SIGKILL)
+        os.kill(ps.pid, signal.SIGSTOP if freeze else signal.SIGKILL)
         promoted = _wait_event(run_dir, lambda e: "promoted from the standby" in e["message"])
         assert promoted["node_id"] == standby_id
         assert promoted["message"].endswith(f"at {address}")
@@ -116,7 +133,13 @@ def standby_story(tmp_path, *submit_args: str) -> None:
             time.sleep(0.05)
         assert serving_after < 10.0, serving_after
         failed = _wait_event(run_dir, lambda e: e["kind"] == "node_failed")
-        assert failed["node_type"] == "ps" and failed["time"] - killed_at < 1.0
+        assert failed["node_type"] == "ps"
+        if freeze:
+            assert failed["reason"] == "heartbeat_lost", failed
+            assert failed["time"] - killed_at < FROZEN_TIMEOUT + 1.0, failed
+            assert not ps.is_running() or ps.status() == psutil.STATUS_ZOMBIE
+        else:
+            assert failed["time"] - killed_at < 1.0
         # The next standby starts once training has resumed (here, without restore reports
         # from a chief, at the first step past the checkpoint the data went back to).
         _wait_event(
