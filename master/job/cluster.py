@@ -39,6 +39,18 @@ class Cluster:
             self._addresses[key] = self._platform.address_for(node_type, rank)
         return self._addresses[key]
 
+    def refresh(self, node_type: str, rank: int) -> bool:
+        """Ask the platform again for (type, rank)'s address, after its host was lost; True
+        when it moved (the TF cluster spec then changes: a new version)."""
+        key = (node_type, rank)
+        new = self._platform.address_for(node_type, rank)
+        if self._addresses.get(key, new) == new:
+            self._addresses[key] = new
+            return False
+        self._addresses[key] = new
+        self.version += 1
+        return True
+
     @property
     def addresses(self) -> dict[tuple[str, int], str]:
         """Every address handed out so far (a copy), for the runtime record."""

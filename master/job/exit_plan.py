@@ -18,7 +18,7 @@ from master.job.diagnosis import diagnose_exit
 from master.job.model import NodeStart
 from master.nodes.model import TRAINING_TYPES, Diagnosis, ExitReason, Finding, Node
 from master.nodes.policy import Action, ExitDecision, decide_on_exit
-from master.platform.api import NodeEvent
+from master.platform.api import NodeEvent, node_lost
 
 # A trainer failing this soon after a PS was lost failed because of it.
 PS_LOSS_WINDOW_SECONDS = 120.0
@@ -54,6 +54,8 @@ def diagnose_node_exit(
         return Diagnosis(ExitReason.HANG, "no step while holding shards")
     if Finding.STRAGGLER_REPLACED in node.findings:
         return Diagnosis(ExitReason.STRAGGLER, "replaced as a straggler")
+    if node_lost(event):
+        return Diagnosis(ExitReason.NODE_LOST, "its host was lost", event.message)
     reported = node.reported_exit
     tail = "\n".join(t for t in (event.message, reported.message if reported else "") if t)
     return diagnose_exit(

@@ -124,6 +124,11 @@ class ExitHandler:
         if node is None:
             return
         requeued = sum(self._sharding.retire(node.id).values())
+        # Lost with its host: the rank goes where the platform still has room (a new address
+        # on a cluster of hosts), and a PS's new address is in the TF cluster from now on.
+        moved = diagnosis.reason == ExitReason.NODE_LOST and self._lifecycle.relocate(
+            node.type, node.rank
+        )
         if diagnosis.reason not in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.
             self._rendezvous.node_died((node.type, node.rank), node.id)
@@ -144,6 +149,8 @@ class ExitHandler:
             job_ended=self._job_ended(),
         )
         self._apply(plan, node, event, seen, requeued)
+        if moved and node.type == "ps" and plan.relaunch is not None:
+            self._restart_for_moved_ps(node)
 
     def _apply(
         self, plan: ExitPlan, node: Node, event: NodeEvent, seen: float, requeued: int
@@ -219,6 +226,24 @@ class ExitHandler:
             records_requeued=requeued,
             **({"cause": plan.cause} if plan.cause else {}),
         )
+
+    def _restart_for_moved_ps(self, ps: Node) -> None:
+        """A PS relaunched at a new address (its host was lost): a TF server cannot join a new
+        cluster in process, so the chief and workers restart with the new TF_CONFIG and
+        restore the latest checkpoint (no relaunch budget used)."""
+        trainers = [
+            n
+            for n in self._nodes.all_current()
+            if n.type in ("chief", "worker") and not n.state.ended and not n.coordinator_restart
+        ]
+        log.info(
+            "%s moved to a new address: restarting %s with the new cluster spec",
+            ps.name,
+            ", ".join(n.name for n in trainers) or "no trainer",
+        )
+        for node in trainers:
+            node.coordinator_restart = True
+            self._lifecycle.kill(node)
 
     def _restart_coordinator(self, ps: Node, chief_id: int) -> None:
         """TF2 PS training (dlrover_tf.keras_ps): the coordinator (the chief) cannot rebuild

@@ -70,6 +70,11 @@ class NodeLifecycle:
         )
         return node
 
+    def relocate(self, node_type: str, rank: int) -> bool:
+        """After a rank's host was lost: its address anew from the platform; True when it
+        moved (the TF cluster spec changed)."""
+        return self._cluster.refresh(node_type, rank)
+
     def adopt(self, node: Node) -> None:
         """Take over a node a previous master instance started (it keeps running)."""
         self._platform.adopt(self.adoption_spec(node), node.platform_handle)

@@ -33,6 +33,7 @@ class ExitReason(str, enum.Enum):
     KILLED = "killed"
     USER_ERROR = "user_error"
     HARDWARE = "hardware"
+    NODE_LOST = "node_lost"  # its host (Kubernetes node, Ray node) was lost with it
     COMM_ERROR = "comm_error"  # lost its peers or the master (unavailable, reset, timed out)
     HEARTBEAT_LOST = "heartbeat_lost"
     STOPPED = "stopped"  # stopped by the master (job end, scale-in)

@@ -38,6 +38,11 @@ class NodeLaunchSpec:
 # NodeEvent.details key: the ended node's last data positions (master.client.position's
 # encode_positions), for the master to apply before it re-queues the node's shards.
 POSITIONS_DETAIL = "positions"
+# NodeEvent.details key of the platform's reason for an end, and the reason of a node whose
+# host was lost (a Kubernetes node gone, a Ray node removed or dead): every process on it went
+# at once, with no exit code. The master relaunches it where the platform still has room.
+REASON_DETAIL = "reason"
+NODE_LOST = "NodeLost"
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,11 @@ class NodeEvent:
     oom_killed: bool = False
     message: str = ""
     details: Mapping[str, str] = field(default_factory=dict)
+
+
+def node_lost(event: NodeEvent) -> bool:
+    """Whether the node ended because its host (Kubernetes node, Ray node) was lost."""
+    return event.details.get(REASON_DETAIL) == NODE_LOST
 
 
 class Platform(abc.ABC):

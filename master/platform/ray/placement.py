@@ -88,9 +88,9 @@ class NodePlacement:
     def standby_node(self, node_type: str) -> RayNode:
         """Where a standby of `node_type` runs: on the Ray node of the type's rank 0 (a standby
         can only take over an address on its own node), else where a new rank would go."""
-        slot = self._slots.get((node_type, 0))
-        alive = {n.node_id for n in self.alive_nodes()}
-        return slot.node if slot is not None and slot.node.node_id in alive else self._choose_node()
+        # Rank 0 of a lost Ray node moves now (its relaunch goes there too), and the standby
+        # goes beside it.
+        return self.slot(node_type, 0, check_alive=True).node
 
     def restore(self, addresses: dict[tuple[str, int], str]) -> None:
         """Pin each (type, rank) to the Ray node and port of its `ip:port` address."""
@@ -102,6 +102,10 @@ class NodePlacement:
                 log.warning("%s-%d: its Ray node %s is gone; it moves when relaunched", *key, ip)
                 continue
             self._slots[key] = Slot(node, int(port))
+
+    def is_alive(self, node_id: str) -> bool:
+        """Whether Ray has the node alive now (asked afresh)."""
+        return any(n.node_id == node_id for n in self.alive_nodes(refresh=True))
 
     def alive_nodes(self, refresh: bool = False) -> list[RayNode]:
         """The cluster's alive nodes, cached for NODE_CACHE_SECONDS unless `refresh`."""

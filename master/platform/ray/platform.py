@@ -7,13 +7,16 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from master.client.position import decode_positions
 from master.platform.api import (
+    NODE_LOST,
     POSITIONS_DETAIL,
+    REASON_DETAIL,
     NodeEvent,
     NodeLaunchSpec,
     Platform,
@@ -37,6 +40,9 @@ SIGNAL_TIMEOUT_SECONDS = 10.0
 KILL_WAIT_SECONDS = 5.0
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
 ACTOR_MAX_CONCURRENCY = 4
+# An actor Ray calls unavailable (its connection broke: its Ray node may be going) is asked
+# again this often until Ray says whether it lives or died.
+UNAVAILABLE_RETRY_SECONDS = 0.2
 
 
 @dataclass
@@ -48,6 +54,7 @@ class _Running:
     actor: Any
     ref: Any
     actor_name: str = ""  # named actors (through the job anchor): found again by name
+    retry_at: float = 0.0  # unavailable: when to ask again (monotonic; 0: its wait() runs)
 
 
 class RayPlatform(Platform):
@@ -77,11 +84,17 @@ class RayPlatform(Platform):
             join_cluster(ray, address)
         else:
             start_local_cluster()
-        from ray.exceptions import GetTimeoutError, RayActorError, RayError
+        from ray.exceptions import (
+            ActorUnavailableError,
+            GetTimeoutError,
+            RayActorError,
+            RayError,
+        )
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._RayError, self._RayActorError = RayError, RayActorError
         self._GetTimeoutError = GetTimeoutError
+        self._ActorUnavailableError = ActorUnavailableError
         self._affinity = NodeAffinitySchedulingStrategy
         self._actor_class = ray.remote(NodeActor)
         self._placement = NodePlacement(
@@ -234,10 +247,11 @@ class RayPlatform(Platform):
         """SIGTERM, SIGKILL after the grace period, then the actor itself."""
         ray = self._ray
         try:
-            if self._signal(run, signal.SIGTERM):
-                ready, _ = ray.wait([run.ref], timeout=grace_seconds)
+            ref = run.ref
+            if ref is not None and self._signal(run, signal.SIGTERM):
+                ready, _ = ray.wait([ref], timeout=grace_seconds)
                 if not ready and self._signal(run, signal.SIGKILL):
-                    ray.wait([run.ref], timeout=KILL_WAIT_SECONDS)
+                    ray.wait([ref], timeout=KILL_WAIT_SECONDS)
         except Exception as e:  # the actor died meanwhile, or Ray is shutting down
             log.debug("%s: stop: %s", _name(run.spec), e)
         self._kill_actor(run)
@@ -324,7 +338,12 @@ class RayPlatform(Platform):
         ray = self._ray
         while not self._stop_watch.is_set():
             with self._lock:
-                by_ref = {run.ref: run for run in self._running.values()}
+                by_ref = {r.ref: r for r in self._running.values() if r.ref is not None}
+                retrying = len(by_ref) < len(self._running)
+            if not by_ref and retrying:
+                self._stop_watch.wait(UNAVAILABLE_RETRY_SECONDS)
+                self._retry_unavailable()
+                continue
             if not by_ref:
                 self._wake.wait(WATCH_TICK_SECONDS)
                 self._wake.clear()
@@ -340,7 +359,42 @@ class RayPlatform(Platform):
                     self._stop_watch.wait(WATCH_TICK_SECONDS)
                 continue
             for ref in ready:
-                self._finish(by_ref[ref])
+                if not self._unavailable(by_ref[ref]):
+                    self._finish(by_ref[ref])
+            self._retry_unavailable()
+
+    def _unavailable(self, run: _Running) -> bool:
+        """Whether the run's wait() failed only because Ray cannot reach its actor now (its
+        connection broke: its Ray node may be dying, or a network blip). Such a run is not
+        over until Ray knows: it is asked again, and its Ray node's death ends it."""
+        try:
+            self._ray.get(run.ref, timeout=0)
+        except self._ActorUnavailableError:
+            with self._lock:
+                if self._running.get(run.spec.id) is run:
+                    run.retry_at = time.monotonic() + UNAVAILABLE_RETRY_SECONDS
+                    run.ref = None
+            return True
+        except Exception:  # an exit, a dead actor: _finish reads it
+            return False
+        return False
+
+    def _retry_unavailable(self) -> None:
+        """Runs whose actor was unavailable: ended as lost once their Ray node is dead, else
+        their wait() asked again (it fails at once while Ray still cannot reach the actor)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._running.values() if r.ref is None and r.retry_at <= now]
+        for run in due:
+            with self._lock:
+                alive = self._placement.is_alive(run.node.node_id)
+            if not alive:
+                self._finish(run)
+                continue
+            ref = run.actor.wait.remote()
+            with self._lock:
+                if self._running.get(run.spec.id) is run:
+                    run.ref = ref
 
     def _finish(self, run: _Running) -> None:
         """Report a node's end once and release its actor."""
@@ -355,6 +409,10 @@ class RayPlatform(Platform):
 
     def _event_for(self, run: _Running) -> NodeEvent:
         spec = run.spec
+        if run.ref is None:  # unavailable, then its Ray node was found dead
+            return self._lost(
+                run, "its Ray node died (its actor was unreachable, then Ray marked the node dead)"
+            )
         try:
             code, tail, *rest = self._ray.get(run.ref, timeout=KILL_WAIT_SECONDS)
             positions = rest[0] if rest else ""  # an actor of an older master has none
@@ -370,8 +428,10 @@ class RayPlatform(Platform):
             text = " ".join(str(e).split())
             lowered = text.lower()
             if "its node has died" in lowered or "node is dead" in lowered:
-                what = "its Ray node died"
-            elif type(e).__name__ == "ActorUnschedulableError":
+                return self._lost(run, f"its Ray node died: {text[:600]}")
+            if type(e).__name__ == "ActorUnschedulableError" and not self._alive(run):
+                return self._lost(run, f"its Ray node is gone: {text[:600]}")
+            if type(e).__name__ == "ActorUnschedulableError":
                 asked = f"{spec.cpu if spec.cpu > 0 else MIN_NODE_CPU:g} CPU" + (
                     f", {spec.memory_mb} MB memory" if spec.memory_mb > 0 else ""
                 )
@@ -393,6 +453,27 @@ class RayPlatform(Platform):
                 message=message,
                 details={"ray_error": type(e).__name__},
             )
+
+    def _alive(self, run: _Running) -> bool:
+        with self._lock:
+            return self._placement.is_alive(run.node.node_id)
+
+    def _lost(self, run: _Running, what: str) -> NodeEvent:
+        """The end of a node whose Ray node was lost with every process on it: no exit code,
+        reported as NodeLost (as a Kubernetes node lost), so the master relaunches it on a Ray
+        node still alive (the placement has seen the death: its rank moves)."""
+        spec = run.spec
+        with self._lock:
+            self._placement.alive_nodes(refresh=True)
+        return NodeEvent(
+            spec.type,
+            spec.rank,
+            spec.id,
+            exit_code=-signal.SIGKILL,
+            message=f"{NODE_LOST}: {_name(spec)} id={spec.id} on Ray node {run.node.ip} "
+            f"({run.node.node_id[:12]}): {what}",
+            details={REASON_DETAIL: NODE_LOST, "ray_node": run.node.node_id},
+        )
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -419,6 +500,9 @@ class RayPlatform(Platform):
     def _terminate(self, runs: list[_Running], grace_seconds: float) -> None:
         """SIGTERM every node at once, SIGKILL the ones left after the grace, then actors."""
         ray = self._ray
+        runs = [run for run in runs if run.ref is not None]  # not unreachable ones
+        if not runs:
+            return
         for run in runs:
             run.actor.signal.remote(int(signal.SIGTERM))
         refs = [run.ref for run in runs]

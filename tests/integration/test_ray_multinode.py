@@ -1,0 +1,137 @@
+"""A whole Ray node lost on a multi-node Ray cluster (one raylet per Ray node, on loopback):
+what Ray tells ends the nodes it held as NodeLost, and they come back on the Ray nodes left."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import sys
+import time
+
+import pytest
+
+from master.platform.api import NODE_LOST, NodeLaunchSpec, node_lost
+from master.platform.ray.platform import RayPlatform
+from tests.integration.ray_cluster import (
+    HEALTH_CHECK_FAILURES,
+    HEALTH_CHECK_PERIOD_MS,
+    ray_cluster,
+)
+
+# Not importorskip: ray must not be imported before the cluster fixture asks for loopback.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+
+MARKER = "DLROVER_RAY_MULTINODE_MARKER"
+SLEEPER = "print('node', 'ready', flush=True); import time; time.sleep(120)"
+# Ray marks a SIGKILLed raylet's node dead after its health checks miss; the node's end is
+# reported at that moment. Generous for a loaded 2-core machine.
+DETECTION_BOUND_SECONDS = HEALTH_CHECK_PERIOD_MS * HEALTH_CHECK_FAILURES / 1000 + 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(worker_nodes=3, cpus_per_node=1) as c:
+        yield c
+
+
+@pytest.fixture
+def platform(cluster):
+    cluster.top_up(3)
+    p = RayPlatform(host="127.0.0.1")
+    yield p
+    p.shutdown(1.0)
+
+
+def _spec(tmp_path, node_type: str, rank: int, node_id: int) -> NodeLaunchSpec:
+    name = f"{node_type}-{rank}" if rank >= 0 else f"{node_type}-standby"
+    return NodeLaunchSpec(
+        type=node_type,
+        rank=rank,
+        id=node_id,
+        command=(sys.executable, "-c", SLEEPER),
+        env={MARKER: str(tmp_path)},
+        workdir=str(tmp_path),
+        log_path=str(tmp_path / "logs" / f"{name}.{node_id}.log"),
+    )
+
+
+def _events(platform: RayPlatform, count: int, timeout: float) -> list:
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{len(out)} of {count} node events within {timeout}s: {out}"
+        try:
+            out.append(platform.events.get(timeout=left))
+        except Exception:
+            continue
+    return out
+
+
+def _ready(spec: NodeLaunchSpec, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while "node ready" not in _read(spec.log_path):
+        assert time.monotonic() < deadline, f"{spec.type}-{spec.rank} not ready"
+        time.sleep(0.05)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
+    cluster, platform, tmp_path
+):
+    # ps-0, its standby beside it, and two workers, spread over the three Ray nodes.
+    ps = _spec(tmp_path, "ps", 0, 1)
+    w0, w1 = _spec(tmp_path, "worker", 0, 2), _spec(tmp_path, "worker", 1, 3)
+    standby = _spec(tmp_path, "ps", -1, 4)
+    for spec in (ps, w0, w1, standby):
+        platform.launch(spec)
+    for spec in (ps, w0, w1, standby):
+        _ready(spec)
+    where = {s.id: cluster.node_of_log(s.log_path) for s in (ps, w0, w1, standby)}
+    assert len({where[ps.id], where[w0.id], where[w1.id]}) == 3, where
+    assert where[standby.id] == where[ps.id]  # a standby can only take over on its own node
+    old_w1 = platform.address_for("worker", 1)
+    ps_address = platform.address_for("ps", 0)
+
+    # (a) the Ray node of worker-1 goes: its end is NodeLost, seen as soon as Ray knows.
+    removed = cluster.remove(where[w1.id])
+    (event,) = _events(platform, 1, 30)
+    detected = time.time() - removed
+    assert (event.id, event.exit_code) == (w1.id, -signal.SIGKILL)
+    assert node_lost(event) and event.message.startswith(NODE_LOST), event
+    assert detected < DETECTION_BOUND_SECONDS, detected
+    # Its rank moves to a Ray node left (a new address), and its relaunch runs there.
+    new_w1 = platform.address_for("worker", 1)
+    assert new_w1 != old_w1
+    again = _spec(tmp_path, "worker", 1, 5)
+    platform.launch(again)
+    _ready(again)
+    where[again.id] = cluster.node_of_log(again.log_path)
+    assert where[again.id] in cluster.alive()
+
+    # (b, c) the Ray node of ps-0 and its standby goes: both end as lost; ps-0's rank moves,
+    # and a new standby goes beside the new ps-0.
+    on_it = sorted(i for i, node in where.items() if node == where[ps.id] and i != w1.id)
+    removed = cluster.remove(where[ps.id])
+    events = _events(platform, len(on_it), 30)
+    assert sorted(e.id for e in events) == on_it  # ps-0, its standby (and worker-1 if there)
+    assert all(node_lost(e) for e in events), events
+    assert time.time() - removed < DETECTION_BOUND_SECONDS + 5
+    assert platform.address_for("ps", 0) != ps_address  # as the master asks before the relaunch
+    new_ps, new_standby = _spec(tmp_path, "ps", 0, 6), _spec(tmp_path, "ps", -1, 7)
+    platform.launch(new_ps)
+    platform.launch(new_standby)
+    _ready(new_ps)
+    _ready(new_standby)
+    (left,) = cluster.alive()
+    assert cluster.node_of_log(new_ps.log_path) == left
+    assert cluster.node_of_log(new_standby.log_path) == left
+    assert platform.can_stand_in(new_standby.id, "ps", 0)
+    survivors = sorted({w0.id, again.id} - set(on_it))
+    assert sorted(platform.running_ids()) == [*survivors, new_ps.id, new_standby.id]
