@@ -89,9 +89,11 @@ def may_replace(
     platform_enforces_resources: bool,
 ) -> bool:
     """Whether the standby may become the next incarnation of `current`'s rank with these
-    resources: its id must be the newest of that rank (a restarted master takes the highest
-    id as current), and where the platform enforces resources they must be the standby's."""
-    if standby is None:
+    resources: it must be ready (a standby still loading TensorFlow, at idle priority, would
+    make the recovery wait for it; a new PS process is started instead), its id the newest of
+    that rank (a restarted master takes the highest id as current), and where the platform
+    enforces resources they must be the standby's."""
+    if standby is None or not standby.ready_at:
         return False
     if current is not None and standby.id <= current.id:
         return False

@@ -194,6 +194,9 @@ def test_a_standby_starts_once_training_runs_and_no_recovery_is_in_progress():
 def test_a_standby_replaces_only_an_older_incarnation_with_resources_it_has():
     standby = Standby(id=9, log_path="", memory_mb=1024, cpu=1.0)
     old = Node(type="ps", rank=0, id=1)
+    # Still loading TensorFlow: a new PS process recovers sooner than waiting for it.
+    assert not may_replace(standby, old, 1024, 1.0, platform_enforces_resources=True)
+    standby.ready_at = 1.0
     assert may_replace(standby, old, 1024, 1.0, platform_enforces_resources=True)
     assert may_replace(standby, None, 1024, 1.0, platform_enforces_resources=True)
     assert not may_replace(None, old, 1024, 1.0, platform_enforces_resources=False)
