@@ -2,10 +2,11 @@
 
 import importlib
 
-from dlrover_tf.dataset import ShardedDataset
+from dlrover_tf.dataset import FileShardedDataset, ShardedDataset
 
 __all__ = [
     "CheckpointLedgerListener",
+    "FileShardedDataset",
     "KerasPSCoordinator",
     "ShardedDataset",
     "ShardFeeder",
