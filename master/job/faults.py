@@ -174,11 +174,17 @@ def waits_for_first_step(
     started late (a loaded machine) may not have trained when the others reach the trigger.
     It waits only where trainers report steps: the target `holds_shards`, or another trainer
     (not a TF2 coordinator, `coordinator`, which reports for workers that never do) stepped."""
-    if fault.at_seconds is not None or target.type not in TRAINING_TYPES or target.steps > 0:
+    if fault.at_seconds is not None or target.type not in TRAINING_TYPES or has_trained(target):
         return False
     if holds_shards:  # it reads the master's shards, so it reports its steps
         return True
-    return any(n.steps > 0 for n in trainers if n.id not in (target.id, coordinator))
+    return any(has_trained(n) for n in trainers if n.id not in (target.id, coordinator))
+
+
+def has_trained(node: Node) -> bool:
+    """Whether the incarnation reported a step: its own (a shard reader), or a global step in
+    its heartbeats (a torch agent, whose workers report none of their own)."""
+    return node.steps > 0 or node.global_step > 0
 
 
 def unfired_message(fault: Fault, reports_progress: bool) -> str:
@@ -221,7 +227,6 @@ class FaultInjector:
         self._freeze_seconds = freeze_seconds  # a freeze given no length
         self._frozen: dict[int, tuple[Node, float]] = {}  # node id -> (node, thaw at, monotonic)
         self._hit: set[int] = set()  # incarnations a fault hit (a second one waits for the next)
-        self._hit_at_step: dict[tuple[str, int], int] = {}  # rank -> global step it was hit at
         self._nodes = nodes
         self._platform = platform
         self._sharding = sharding
@@ -257,12 +262,6 @@ class FaultInjector:
             node = self._nodes.current(fault.node_type, fault.rank)
             if node is not None and node.id in self._hit:
                 continue  # one fault per incarnation: this one waits for the next
-            if fault.at_step is not None and now.global_step <= self._hit_at_step.get(
-                (fault.node_type, fault.rank), -1
-            ):
-                # A step rehearses a death mid-training: the job must train on past the step
-                # the rank's last fault hit it at, not hit its relaunch while it starts.
-                continue
             if fault.node_type != MASTER and node and self._before_first_step(fault, node):
                 waiting_on = waiting_on or node
                 continue
@@ -281,7 +280,7 @@ class FaultInjector:
             if not self._platform.signal_node(node.id, fault.signal):
                 self._skipped(fault)  # it ended meanwhile: the signal reached nothing
                 continue
-            self._mark_hit(node, now.global_step)
+            self._hit.add(node.id)
             self._emit(
                 "fault",
                 f"fault injection: {fault.describe()} (id {node.id}, at global step "
@@ -293,10 +292,6 @@ class FaultInjector:
                 action=fault.action.value,
             )
         self._keep_work_for(waiting_on)
-
-    def _mark_hit(self, node: Node, global_step: int) -> None:
-        self._hit.add(node.id)
-        self._hit_at_step[(node.type, node.rank)] = global_step
 
     def _skipped(self, fault: Fault) -> None:
         self._emit(
@@ -314,7 +309,7 @@ class FaultInjector:
             self._skipped(fault)
             return
         self._frozen[node.id] = (node, time.monotonic() + seconds)
-        self._mark_hit(node, global_step)
+        self._hit.add(node.id)
         self._emit(
             "fault",
             f"fault injection: {fault.describe()} (id {node.id}, at global step {global_step}; "

@@ -70,12 +70,12 @@ def test_a_job_without_records_is_planned_by_its_global_step_or_its_time():
     steps = [
         parse_fault(k) for k in plan_kills(s, 10, 1, trigger=Trigger.STEPS, scale=torch_like).kills
     ]
-    assert [f.at_step for f in steps][0] == 40 and steps[-1].at_step == 340
+    assert [f.at_step for f in steps][0] == 40 and steps[-1].at_step == 280
     assert all(f.at_percent is None for f in steps)
     silent = JobScale(records=0, global_step=0, wall_seconds=40.0)
     assert silent.trigger() == Trigger.TIME
     times = [parse_fault(k) for k in plan_kills(s, 4, 1, trigger=Trigger.TIME, scale=silent).kills]
-    assert [f.at_seconds for f in times] == [4.0, 14.0, 24.0, 34.0]
+    assert [f.at_seconds for f in times] == [4.0, 12.0, 20.0, 28.0]
     assert JobScale(records=100, global_step=7, wall_seconds=1.0).trigger() == Trigger.RECORDS
     with pytest.raises(ValueError, match="needs a fault-free run"):
         plan_kills(s, 3, 1, trigger=Trigger.STEPS)

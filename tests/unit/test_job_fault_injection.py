@@ -263,9 +263,6 @@ def test_two_faults_due_at_once_on_one_node_hit_two_incarnations(tmp_path):
     assert m.platform.signals == [(2, signal.SIGKILL)] and m.injector.fired == [0]
     w1.state = NodeState.FAILED
     m.injector._nodes.nodes = [_trainer("worker", 1, 3, steps=1)]  # its relaunch, stepping
-    m.tick()  # the job has not trained past the step the first fault hit at
-    assert m.platform.signals == [(2, signal.SIGKILL)]
-    m.global_step = 26
     m.tick()
     assert m.platform.signals == [(2, signal.SIGKILL), (3, signal.SIGKILL)]
     assert m.injector.fired == [0, 1]
@@ -280,3 +277,17 @@ def test_a_kill_that_reaches_no_process_is_skipped_not_fired(tmp_path):
     assert m.injector.fired == [0]
     assert [k for k, _ in m.events] == ["fault"] and m.events[0][1].endswith("skipped")
     m.sharding.close()
+
+
+def test_a_torch_agent_counts_as_trained_by_the_global_step_of_its_heartbeats():
+    """dlrover-run reports its workers' global step in heartbeats, no steps of its own: a step
+    fault waits for a relaunched agent's first reported step, as for a shard reader."""
+    from master.job.faults import waits_for_first_step
+
+    at_step = parse_fault("worker:0@step=100")
+    peer = _trainer("worker", 1, 2)
+    peer.global_step = 150
+    relaunched = _trainer("worker", 0, 3)
+    assert waits_for_first_step(at_step, relaunched, False, [peer, relaunched], None)
+    relaunched.global_step = 120  # restored and stepping
+    assert not waits_for_first_step(at_step, relaunched, False, [peer, relaunched], None)
