@@ -3,8 +3,8 @@
 `start_ray_cluster(n)` starts a head (no CPUs, so no job node lands on it: it holds the GCS,
 and removing it would end the cluster) and `n` worker Ray nodes on loopback, each with its own
 raylet and a custom resource `ray_node_<i>`; this process joins it as a driver.
-`RayCluster.node_holding(pid)` finds the Ray node a process runs on (a node actor's pid, from a
-node log's header: `# worker-0 id=3 on Ray node 127.0.0.1 (actor pid N)`), and `remove(node)`
+`RayCluster.node_holding(pid)` finds the Ray node a process runs on, `node_of_log(path)` the one
+a node incarnation ran on (its log's header names it), and `remove(node)`
 loses it whole: its raylet SIGKILLed (with it every worker process there, and with those the
 node commands their actors ran), as when a host goes away.
 
@@ -32,8 +32,8 @@ from master.platform.ray.connect import AUTH_MODE_ENV, LOOPBACK_ENV
 HEALTH_CHECK_PERIOD_MS = 500
 HEALTH_CHECK_TIMEOUT_MS = 1000
 HEALTH_CHECK_FAILURES = 3
-# The log header's actor pid: `... on Ray node 127.0.0.1 (actor pid 1234)`.
-_ACTOR_PID = re.compile(r"\(actor pid (\d+)\)")
+# A node log's header: `# worker-0 id=3 on Ray node 127.0.0.1 [5f0c3a...] (actor pid 1234)`.
+_RAY_NODE = re.compile(r"on Ray node \S+ \[([0-9a-f]+)\]")
 
 
 @dataclass
@@ -68,15 +68,17 @@ class RayCluster:
         return None
 
     def node_of_log(self, log_path: str, timeout: float = 60.0) -> int:
-        """The Ray node that runs the node incarnation whose log is `log_path`."""
+        """The Ray node that runs (or ran) the node incarnation whose log is `log_path`, from
+        the Ray node id in the log's header."""
         deadline = time.monotonic() + timeout
         while True:
             header = _first_line(log_path)
-            m = _ACTOR_PID.search(header)
-            index = self.node_holding(int(m.group(1))) if m else None
-            if index is not None:
-                return index
-            assert time.monotonic() < deadline, f"no Ray node runs {log_path}: {header!r}"
+            m = _RAY_NODE.search(header)
+            if m:
+                found = [i for i, n in enumerate(self.nodes) if n.node_id.startswith(m.group(1))]
+                assert len(found) == 1, (header, found)
+                return found[0]
+            assert time.monotonic() < deadline, f"no Ray node in {log_path}: {header!r}"
             time.sleep(0.05)
 
     def remove(self, index: int, graceful: bool = False) -> float:

@@ -3,6 +3,7 @@ what Ray tells ends the nodes it held as NodeLost, and they come back on the Ray
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import signal
 import sys
@@ -16,6 +17,12 @@ from tests.integration.ray_cluster import (
     HEALTH_CHECK_FAILURES,
     HEALTH_CHECK_PERIOD_MS,
     ray_cluster,
+)
+from tests.integration.test_local_job import (
+    _wait_for_node_process,
+    start_submit,
+    trained_counts,
+    write_job,
 )
 
 # Not importorskip: ray must not be imported before the cluster fixture asks for loopback.
@@ -135,3 +142,60 @@ def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
     assert platform.can_stand_in(new_standby.id, "ps", 0)
     survivors = sorted({w0.id, again.id} - set(on_it))
     assert sorted(platform.running_ids()) == [*survivors, new_ps.id, new_standby.id]
+
+
+def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
+    """`dlrover submit --platform ray` on the cluster: the Ray node running worker-1 goes
+    mid-job. Ray tells the master (long before the heartbeat timeout), worker-1 is relaunched
+    on a Ray node left, and every record is trained."""
+    import json
+
+    cluster.top_up(3)
+    step = 0.04
+    # A heartbeat timeout far beyond the test: the loss can only be learned from Ray.
+    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": str(step)}, heartbeat_timeout_seconds=600)
+    run_dir = tmp_path / "run"
+    p = start_submit(
+        job, tmp_path, "--platform", "ray", "--ray-address", cluster.address,
+        "--run-dir", str(run_dir),
+    )  # fmt: skip
+    try:
+        pid = _wait_for_node_process(tmp_path, "worker.1", timeout=90)
+        holder = cluster.node_holding(pid)
+        assert holder is not None, pid
+        removed = cluster.remove(holder)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["status"] == "succeeded"
+    d = summary["datasets"]["train"]
+    assert d["records_done"] == d["size"] * d["epochs"] == 6000
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert w1[0]["exit_reason"] == "node_lost", w1
+    assert [n["exit_reason"] for n in w1[1:]] in (["succeeded"], ["stopped"]), w1
+    events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
+    failed = next(e for e in events if e["kind"] == "node_failed" and _is(e, "worker", 1))
+    assert "NodeLost" in failed["message"] or failed["reason"] == "node_lost", failed
+    detected = failed["time"] - removed
+    assert detected < DETECTION_BOUND_SECONDS, detected
+    relaunched = next(
+        e for e in events if e["kind"] == "node_running" and _is(e, "worker", 1)
+        and e["time"] > failed["time"]
+    )  # fmt: skip
+    logs = sorted(glob.glob(str(run_dir / "logs" / "worker-1.*.log")))
+    assert len(logs) == 2, logs
+    new_log = next(f for f in logs if f.endswith(f".{relaunched['node_id']}.log"))
+    assert cluster.node_of_log(new_log) in cluster.alive()
+    counts = trained_counts(tmp_path)
+    assert counts.min() == 2  # no record lost
+    # Trained twice at most: what the lost node's position file held (its coalesced reports,
+    # about a second of steps) and the batch in flight.
+    assert int((counts - 2).sum()) <= 16 * (int(1.5 / step) + 2)
+
+
+def _is(event: dict, node_type: str, rank: int) -> bool:
+    return (event["node_type"], event["node_rank"]) == (node_type, rank)

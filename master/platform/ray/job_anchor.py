@@ -64,9 +64,19 @@ def start_job_anchor(address: str, namespace: str) -> Any:
     The anchor lives as long as this process's Ray connection does.
     """
     ray = connect(address, namespace)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On this process's Ray node: every node actor shares the anchor's fate, so it must not sit
+    # on another Ray node whose loss would take the whole job with it.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     anchor = (
         ray.remote(JobAnchor)
-        .options(name=ANCHOR_NAME, num_cpus=0, max_concurrency=ANCHOR_MAX_CONCURRENCY)
+        .options(
+            name=ANCHOR_NAME,
+            num_cpus=0,
+            max_concurrency=ANCHOR_MAX_CONCURRENCY,
+            scheduling_strategy=here,
+        )
         .remote()
     )
     ray.get(anchor.ping.remote(), timeout=120)

@@ -40,6 +40,8 @@ SIGNAL_TIMEOUT_SECONDS = 10.0
 KILL_WAIT_SECONDS = 5.0
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
 ACTOR_MAX_CONCURRENCY = 4
+# How much of a Ray node's id the logs show.
+RAY_NODE_ID_CHARS = 12
 # An actor Ray calls unavailable (its connection broke: its Ray node may be going) is asked
 # again this often until Ray says whether it lives or died.
 UNAVAILABLE_RETRY_SECONDS = 0.2
@@ -146,13 +148,15 @@ class RayPlatform(Platform):
         if spec.memory_mb > 0:
             options["memory"] = spec.memory_mb * MIB
         name = ""
+        # The log's header names the Ray node: its address and id (many share an address).
+        where = f"{node.ip} [{node.node_id[:RAY_NODE_ID_CHARS]}]"
         if self._anchor is not None:
             del options["scheduling_strategy"]
             options["node_id"] = node.node_id
-            actor = self._ray.get(self._anchor.launch.remote(spec, node.ip, options), timeout=120)
+            actor = self._ray.get(self._anchor.launch.remote(spec, where, options), timeout=120)
             name = node_actor_name(spec.id)
         else:
-            actor = self._actor_class.options(**options).remote(spec, node.ip)
+            actor = self._actor_class.options(**options).remote(spec, where)
         run = _Running(spec=spec, node=node, actor=actor, ref=actor.wait.remote(), actor_name=name)
         with self._lock:
             self._running[spec.id] = run
@@ -471,7 +475,7 @@ class RayPlatform(Platform):
             spec.id,
             exit_code=-signal.SIGKILL,
             message=f"{NODE_LOST}: {_name(spec)} id={spec.id} on Ray node {run.node.ip} "
-            f"({run.node.node_id[:12]}): {what}",
+            f"[{run.node.node_id[:RAY_NODE_ID_CHARS]}]: {what}",
             details={REASON_DETAIL: NODE_LOST, "ray_node": run.node.node_id},
         )
 
