@@ -243,7 +243,9 @@ class ExitHandler:
         )
         for node in trainers:
             node.coordinator_restart = True
-            self._lifecycle.kill(node)
+            # One the platform no longer runs went with the same host: its own end (NodeLost)
+            # is queued and relaunches it, moved, with the new spec.
+            self._lifecycle.signal_kill(node)
 
     def _restart_coordinator(self, ps: Node, chief_id: int) -> None:
         """TF2 PS training (dlrover_tf.keras_ps): the coordinator (the chief) cannot rebuild

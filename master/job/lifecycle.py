@@ -98,6 +98,11 @@ class NodeLifecycle:
         self._nodes.save(node)
         self.kill(node)
 
+    def signal_kill(self, node: Node) -> bool:
+        """SIGKILL a node the platform still runs; False when it has none (its end, e.g.
+        with a lost host, is then already on its way as a platform event)."""
+        return self._platform.signal_node(node.id, signal.SIGKILL)
+
     def kill(self, node: Node) -> None:
         """SIGKILL a node; if the platform no longer has it, its end is handled now."""
         if not self._platform.signal_node(node.id, signal.SIGKILL):
