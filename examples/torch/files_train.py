@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 from dlrover_torch.data import ElasticDistributedSampler, FixedGlobalBatch
+from dlrover_torch.progress import StepReporter
 
 FEATURES = 8
 
@@ -270,6 +271,7 @@ def main() -> None:
         sampler.load_state_dict(state["sampler"])  # saved at any world size
         step = state["step"]
     ddp = DDP(model)
+    reporter = StepReporter.from_env()  # dlrover-run's hang detection; inert under torchrun
     if args.ids_log:
         append_json(
             args.ids_log,
@@ -300,6 +302,7 @@ def main() -> None:
             opt.step()
             opt.zero_grad()
             step += 1
+            reporter.report(step)
             if args.ids_log:
                 append_json(
                     args.ids_log,
