@@ -110,6 +110,7 @@ def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
     removed = cluster.remove(where[w1.id])
     (event,) = _events(platform, 1, 30)
     detected = time.time() - removed
+    print(f"Ray node of worker-1 removed: its NodeLost event after {detected:.2f} s")
     assert (event.id, event.exit_code) == (w1.id, -signal.SIGKILL)
     assert node_lost(event) and event.message.startswith(NODE_LOST), event
     assert detected < DETECTION_BOUND_SECONDS, detected
@@ -181,6 +182,7 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     failed = next(e for e in events if e["kind"] == "node_failed" and _is(e, "worker", 1))
     assert "NodeLost" in failed["message"] or failed["reason"] == "node_lost", failed
     detected = failed["time"] - removed
+    print(f"Ray node of worker-1 removed: its end seen by the master after {detected:.2f} s")
     assert detected < DETECTION_BOUND_SECONDS, detected
     relaunched = next(
         e for e in events if e["kind"] == "node_running" and _is(e, "worker", 1)
