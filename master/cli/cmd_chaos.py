@@ -30,9 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--by",
         choices=BY_CHOICES,
         default="auto",
-        help="when faults fire, spread from 10%% to 85%% of: records, global steps or time of a "
-        "fault-free run; auto (default) runs the job once without faults first and takes "
-        "records if it has a dataset, else steps, else time",
+        help="when faults fire: spread from 10%% to 85%% of the records, or 10%% to 70%% of the "
+        "global steps or time of a fault-free run; auto (default) runs the job once without "
+        "faults first and takes records if it has a dataset, else steps, else time",
     )
     ch.add_argument(
         "--baseline",
