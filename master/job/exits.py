@@ -28,7 +28,7 @@ from master.job.rollback import DataRollback, rollback_step
 from master.kv.store import KVStore
 from master.nodes.manager import NodeManager
 from master.nodes.model import ExitReason, Node
-from master.platform.api import POSITIONS_DETAIL, NodeEvent
+from master.platform.api import POSITIONS_DETAIL, NodeEvent, node_lost
 from master.rendezvous.service import RendezvousService
 from master.sharding.service import ShardingService
 from master.sharding.streams import StreamRegistry
@@ -105,7 +105,8 @@ class ExitHandler:
             return
         # Reports the node wrote before it died are still arriving on its stream: apply them
         # first, so only what it really did not consume is re-queued.
-        if not self._streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
+        # (A host lost with it sends no more: its stream would only hold the end up.)
+        if not node_lost(event) and not self._streams.wait_closed(node.id, STREAM_DRAIN_SECONDS):
             log.warning("%s id=%d: progress stream still open after its end", node.name, node.id)
         # Steps its coalesced reports had not carried yet: the platform read them back.
         self._sharding.apply_positions(

@@ -45,6 +45,9 @@ RAY_NODE_ID_CHARS = 12
 # An actor Ray calls unavailable (its connection broke: its Ray node may be going) is asked
 # again this often until Ray says whether it lives or died.
 UNAVAILABLE_RETRY_SECONDS = 0.2
+# An actor unreachable this long on a Ray node Ray still has alive (a network partition) ends
+# as a failure, so the master can relaunch the rank.
+UNAVAILABLE_GIVE_UP_SECONDS = 30.0
 
 
 @dataclass
@@ -57,6 +60,7 @@ class _Running:
     ref: Any
     actor_name: str = ""  # named actors (through the job anchor): found again by name
     retry_at: float = 0.0  # unavailable: when to ask again (monotonic; 0: its wait() runs)
+    unreachable_since: float = 0.0  # monotonic; 0: reachable
 
 
 class RayPlatform(Platform):
@@ -376,7 +380,9 @@ class RayPlatform(Platform):
         except self._ActorUnavailableError:
             with self._lock:
                 if self._running.get(run.spec.id) is run:
-                    run.retry_at = time.monotonic() + UNAVAILABLE_RETRY_SECONDS
+                    now = time.monotonic()
+                    run.retry_at = now + UNAVAILABLE_RETRY_SECONDS
+                    run.unreachable_since = run.unreachable_since or now
                     run.ref = None
             return True
         except Exception:  # an exit, a dead actor: _finish reads it
@@ -392,7 +398,7 @@ class RayPlatform(Platform):
         for run in due:
             with self._lock:
                 alive = self._placement.is_alive(run.node.node_id)
-            if not alive:
+            if not alive or now - run.unreachable_since > UNAVAILABLE_GIVE_UP_SECONDS:
                 self._finish(run)
                 continue
             ref = run.actor.wait.remote()
@@ -413,6 +419,16 @@ class RayPlatform(Platform):
 
     def _event_for(self, run: _Running) -> NodeEvent:
         spec = run.spec
+        if run.ref is None and self._alive(run):  # unreachable for too long
+            return NodeEvent(
+                spec.type,
+                spec.rank,
+                spec.id,
+                exit_code=-signal.SIGKILL,
+                message=f"{_name(spec)} id={spec.id}: its Ray actor on {run.node.ip} was "
+                f"unreachable for {UNAVAILABLE_GIVE_UP_SECONDS:g}s",
+                details={"ray_error": "ActorUnavailableError"},
+            )
         if run.ref is None:  # unavailable, then its Ray node was found dead
             return self._lost(
                 run, "its Ray node died (its actor was unreachable, then Ray marked the node dead)"
