@@ -269,12 +269,19 @@ def test_a_cut_off_node_is_relaunched_then_fenced_when_it_comes_back(tmp_path, l
     # One epoch: a record the cut-off node trained after the cut is in no other epoch.
     # Long enough to outlast the detection and the relaunch's start.
     size = 3 * SIZE
-    job = LiveJob(tmp_path, platform, timeout, {"FAKE_STEP_SECONDS": "0.02"}, 1, size)
+    shard = 40 * BATCH  # records per shard: the cut comes in the middle of one
+    env = {"FAKE_STEP_SECONDS": "0.02", "FAKE_RECORDS_PER_SHARD": str(shard)}
+    job = LiveJob(tmp_path, platform, timeout, env, 1, size)
     live_jobs.append(job)
     victim = job.wait(lambda: job.stepping("worker", 1), "step of worker-1")
     assert platform.behind == victim.id
     pgid = group_of(job, victim)
     (ids_file,) = glob.glob(str(job.ids_dir / "worker.1.*.ids"))
+    # Cut while it holds at least 10 batches of its shard still to train on its own.
+    job.wait(
+        lambda: 5 * BATCH <= (os.path.getsize(ids_file) // 8) % shard <= 30 * BATCH,
+        "worker-1 in the middle of a shard",
+    )
     cut_at = time.time()
     platform.cut()
     # Written from here on, a batch's report can only go out after the cut: never counted.
