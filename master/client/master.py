@@ -64,6 +64,7 @@ class MasterClient:
         """`channel_options`: extra gRPC channel arguments (e.g. a private connection).
         `shard_asks_on_stream`: `get_shard` asks on the node's `ShardStream` (else by unary
         calls only)."""
+        channel_options = tuple(channel_options)
         # What clone() needs to open the same connection again (e.g. in a forked process).
         self._args = (
             addr,
@@ -72,7 +73,7 @@ class MasterClient:
             call_timeout,
             retry_seconds,
             tls,
-            tuple(channel_options),
+            channel_options,
             shard_asks_on_stream,
         )
         self.addr = addr
