@@ -172,6 +172,7 @@ def test_no_process_group_and_no_world_is_a_clear_error():
         ElasticDistributedSampler(Records(10), 2, 2)
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_carries_the_position_in_its_own_state(workers):
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
