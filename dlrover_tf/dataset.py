@@ -5,14 +5,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from master.client import HeartbeatThread, MasterClient, ProgressStream
+from master.client import MasterClient, ProgressStream, process_heartbeat
 from master.client.env import read_position_base
 from master.client.files import FORMATS, FileSet, Order, ShardReader, open_files
 from master.client.files.agreement import check_same_files
@@ -124,13 +123,10 @@ class ShardedDataset:
         # Where the platform reads a dead trainer's position back, steps are reported once a
         # second (see master.client.progress); elsewhere each step as it ends.
         self._progress = ProgressStream(self.client, position_file=read_position_base(os.environ))
-        self._heartbeat: HeartbeatThread | None = None
         if self._own_client and self.client.node is not None:
-            reply = self.client.register(socket.gethostname(), os.getpid())
-            interval = max(reply.heartbeat_interval_ms, 200) / 1000
-            self._heartbeat = HeartbeatThread(self.client, interval)
-            self._progress.carry_heartbeats(self._heartbeat)
-            self._heartbeat.start()
+            # The process's beat outlives this dataset: a node that goes on after its data
+            # ends (a final evaluation, another dataset) must not look lost to the master.
+            self._progress.carry_heartbeats(process_heartbeat())
         spec = data_pb2.DatasetSpec(
             name=name,
             size=size,
@@ -308,8 +304,6 @@ class ShardedDataset:
         self._stop_client()
 
     def _stop_client(self) -> None:
-        if self._heartbeat:
-            self._heartbeat.stop()
         if self._own_client:
             self.client.close()
 

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -145,23 +144,23 @@ def report_serving(task: PSTask, at: float, env: Mapping[str, str]) -> None:
         return
     try:
         from master.client import (
-            HeartbeatThread,
             KVClient,
             MasterClient,
             MasterError,
+            process_heartbeat,
             ps_serving_key,
         )
 
         client = MasterClient.from_env(env)
         value = json.dumps({"node_id": int(env.get("DLROVER_NODE_ID", "0")), "at": at})
         KVClient(client).set(ps_serving_key(task.index), value.encode())
-        reply = client.register(socket.gethostname(), os.getpid())
+        client.close()
+        beat = process_heartbeat(env)
     except (MasterError, ValueError) as err:
         logger.warning("cannot tell the master that ps task %d serves: %s", task.index, err)
         return
-    interval = max(reply.heartbeat_interval_ms, 200) / 1000
-    HeartbeatThread(client, interval).start()
-    logger.info("ps task %d beats to the master every %.1f s", task.index, interval)
+    if beat is not None:
+        logger.info("ps task %d beats to the master every %.1f s", task.index, beat.interval)
 
 
 def wait_for_stop(name: str) -> NoReturn:

@@ -5,9 +5,11 @@ node's progress report): the thread then calls only when none did, or to fetch c
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from master.client.errors import MasterError
 from master.client.master import MasterClient
@@ -44,6 +46,9 @@ class HeartbeatThread(threading.Thread):
         self._command_poll = max(interval, COMMAND_POLL_SECONDS)
         self._last_carried = float("-inf")
         self._last_call = float("-inf")
+        self.pid = os.getpid()  # a forked child has no thread: it starts its own
+        self.master_addr = getattr(client, "addr", None)
+        self.node = getattr(client, "node", None)
 
     def sample(self) -> nodes_pb2.ResourceStats:
         """This process's resource stats now (for a beat another message carries)."""
@@ -81,5 +86,38 @@ class HeartbeatThread(threading.Thread):
             # hung or waiting), the master hears a beat within the freshness span.
             self._stop_event.wait(max(self._due_at() - time.monotonic(), 0.01))
 
+    @property
+    def interval(self) -> float:
+        """Seconds between this thread's own beats."""
+        return self._interval
+
     def stop(self) -> None:
         self._stop_event.set()
+
+
+_process_beat: HeartbeatThread | None = None
+_process_beat_lock = threading.Lock()
+
+
+def process_heartbeat(env: Mapping[str, str] | None = None) -> HeartbeatThread | None:
+    """This process's heartbeat to its master: registered and started on first use, kept until
+    the process ends (a node that lives on after its data ends, e.g. a chief's final
+    evaluation, must not look lost). None when the environment names no node of a job."""
+    global _process_beat
+    with _process_beat_lock:
+        client = MasterClient.from_env(env)
+        if client.node is None:
+            client.close()
+            return None
+        beat = _process_beat
+        if beat is not None and beat.is_alive() and beat.pid == os.getpid():
+            if (beat.master_addr, beat.node) == (client.addr, client.node):
+                client.close()
+                return beat
+            beat.stop()  # another job's or incarnation's (tests, a promoted standby)
+        reply = client.register(socket.gethostname(), os.getpid())
+        beat = HeartbeatThread(client, max(reply.heartbeat_interval_ms, 200) / 1000)
+        beat.pid = os.getpid()
+        beat.start()
+        _process_beat = beat
+        return beat
