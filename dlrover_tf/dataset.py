@@ -13,9 +13,9 @@ import numpy as np
 
 from master.client import MasterClient, ProgressStream, process_heartbeat
 from master.client.env import read_position_base
-from master.client.files import FORMATS, FileSet, Order, ShardReader, open_files
+from master.client.files import FileSet, ShardReader
 from master.client.files.agreement import check_same_files
-from master.client.files.cache import default_cache_dirs
+from master.client.files.dataset_files import open_dataset_files
 from master.client.files.elements import byte_element, grouped
 from master.client.files.elements import columns as file_columns
 from master.client.files.parquet import FORMAT as PARQUET
@@ -25,10 +25,6 @@ log = logging.getLogger(__name__)
 
 # How long one blocking shard request may wait on the master before asking again.
 SHARD_WAIT_MS = 5_000
-# The shuffle block of a file dataset when none is given: this many batches, at least
-# MIN_BLOCK records.
-BLOCK_BATCHES = 16
-MIN_BLOCK = 4096
 # Batches of a file dataset crossing into tf.data together (a generator element costs ~0.5 ms).
 GROUP_BATCHES = 16
 
@@ -339,17 +335,20 @@ class FileShardedDataset(ShardedDataset):
         records_per_shard: int = 0,
         client: MasterClient | None = None,
     ) -> None:
-        if format not in FORMATS:
-            raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
-        if columns is not None and format != PARQUET:
-            raise ValueError(f"columns= is for Parquet files, not {format!r}")
-        if cache_dirs is None:
-            cache_dirs = default_cache_dirs(os.environ)
-        wanted = list(columns) if columns is not None else None
-        self.files: FileSet = open_files(files, format, cache_dirs, wanted, index_threads)
+        self.files: FileSet
+        self.files, self.order = open_dataset_files(
+            files,
+            format,
+            batch_size,
+            shuffle,
+            seed,
+            block=block,
+            window=window,
+            columns=columns,
+            cache_dirs=cache_dirs,
+            index_threads=index_threads,
+        )
         self.format = format
-        block = block or max(MIN_BLOCK, BLOCK_BATCHES * batch_size)
-        self.order = Order(self.files.size, shuffle, block, window or block, seed)
         try:
             super().__init__(
                 name,

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from master.client import MasterClient, MasterError, ProgressStream
 from master.client.env import read_position_base
-from master.client.files import FORMATS, FileSet, Order, ShardReader, open_files
+from master.client.files import FileSet, ShardReader
 from master.client.files.agreement import check_same_files
-from master.client.files.cache import default_cache_dirs
+from master.client.files.dataset_files import open_dataset_files
 from master.client.files.elements import byte_element
 from master.client.files.elements import columns as file_columns
 from master.client.files.parquet import FORMAT as PARQUET
@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 # happens only at the end of the last epoch, while other readers finish theirs.
 PENDING_PAUSE_MIN_S = 0.05
 PENDING_PAUSE_MAX_S = 1.0
-# A file dataset's shuffle block when none is given: this many batches, at least MIN_BLOCK.
-BLOCK_BATCHES = 16
-MIN_BLOCK = 4096
 
 Segments = list[tuple[int, int]]  # (shard_id, records of it consumed up to this batch)
 
@@ -327,19 +324,22 @@ class FileShardedDataset(ShardedDataset):
         records_per_shard: int = 0,
         client: MasterClient | None = None,
     ) -> None:
-        if format not in FORMATS:
-            raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
-        if columns is not None and format != PARQUET:
-            raise ValueError(f"columns= is for Parquet files, not {format!r}")
-        if cache_dirs is None:
-            cache_dirs = default_cache_dirs(os.environ)
-        wanted = list(columns) if columns is not None else None
-        self.files: FileSet | None = open_files(files, format, cache_dirs, wanted, index_threads)
-        self._file_args = (self.files.indexes, format, wanted)
+        fileset, self.order = open_dataset_files(
+            files,
+            format,
+            batch_size,
+            shuffle,
+            seed,
+            block=block,
+            window=window,
+            columns=columns,
+            cache_dirs=cache_dirs,
+            index_threads=index_threads,
+        )
+        self.files: FileSet | None = fileset
+        self._file_args = (fileset.indexes, format, fileset.columns)
         self.format = format
         self.parse_fn = parse_fn
-        block = block or max(MIN_BLOCK, BLOCK_BATCHES * batch_size)
-        self.order = Order(self.files.size, shuffle, block, window or block, seed)
         try:
             super().__init__(
                 name,
