@@ -61,27 +61,30 @@ def failure_run(
     records: int,
     epochs: int,
     standby: bool,
-    remove_host: Callable[[str], None] | None = None,
+    submit_args: tuple[str, ...] = (),
+    remove_host: Callable[[str], float] | None = None,
 ) -> dict:
     """One job that loses ps-0 as `kind` says at `fail_step`; its figures. `bench` is the
-    ps_recovery module (its Job, watchers and event readers)."""
+    ps_recovery module (its Job, watchers and event readers); `remove_host(run_dir)` removes
+    the Ray node holding ps-0 and returns when (`host_loss`, with `submit_args` for Ray)."""
     run_dir = os.path.join(workdir, kind)
     ids_prefix = os.path.join(workdir, f"{kind}-ids", "trained")
     os.makedirs(os.path.dirname(ids_prefix))
-    job = bench.Job(with_trained_ids(job_yaml, ids_prefix, f"{kind}.yaml"), run_dir)
+    job = bench.Job(with_trained_ids(job_yaml, ids_prefix, f"{kind}.yaml"), run_dir, *submit_args)
     job.rate_until(fail_step)
     if standby:
         bench._wait_standby_ready(job)
     step_at_failure, done_before = job.status()
-    pid = bench._find_process(run_dir, "dlrover_tf.ps")
-    failed_at = time.time()
-    if kind == "frozen":
-        os.kill(pid, signal.SIGSTOP)
-    elif kind == "host_loss":
+    if kind == "host_loss":
         assert remove_host is not None, "host_loss needs a multi-node Ray cluster"
-        remove_host("ps-0")
+        failed_at = remove_host(run_dir)
     else:
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        pid = bench._find_process(run_dir, "dlrover_tf.ps")
+        failed_at = time.time()
+        if kind == "frozen":
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
     resumed = bench._watch_resume(job, done_before)
     summary = job.finish()
     timeline = bench._timeline(summary, "ps_failure")
@@ -100,3 +103,38 @@ def failure_run(
         "standby": standby,
         "timeline": timeline,
     }
+
+
+def host_loss_run(
+    bench: object,
+    job_yaml: str,
+    workdir: str,
+    fail_step: int,
+    records: int,
+    epochs: int,
+    standby: bool,
+    worker_nodes: int = 3,
+) -> dict:
+    """`failure_run` of `host_loss` on a multi-node Ray cluster started here (one raylet per
+    Ray node, each node 1 CPU; the job's nodes spread over them)."""
+    from tests.integration.ray_cluster import ray_cluster
+
+    with ray_cluster(worker_nodes=worker_nodes, cpus_per_node=1) as cluster:
+
+        def remove_host(run_dir: str) -> float:
+            return cluster.remove(cluster.node_of_log(os.path.join(run_dir, "logs", "ps-0.1.log")))
+
+        result = failure_run(
+            bench,
+            job_yaml,
+            workdir,
+            "host_loss",
+            fail_step,
+            records,
+            epochs,
+            standby,
+            ("--platform", "ray", "--ray-address", cluster.address),
+            remove_host,
+        )
+    result["ray_nodes"] = worker_nodes
+    return result

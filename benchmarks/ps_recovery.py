@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -53,7 +54,7 @@ import yaml
 from common import ROOT, cpu_seconds, use_checkout
 
 use_checkout()
-from ps_failures import detected_after, failure_run  # noqa: E402
+from ps_failures import detected_after, failure_run, host_loss_run  # noqa: E402
 
 from master.client import MasterClient, MasterError, read_token  # noqa: E402
 from master.job.recovery_timeline import PHASE_LABELS  # noqa: E402
@@ -395,6 +396,12 @@ def main() -> int:
         default=640_000,
         help="records of the frozen-PS and no-standby runs (trained to their end)",
     )
+    p.add_argument(
+        "--ray-nodes",
+        type=int,
+        default=3,
+        help="Ray nodes of the multi-node cluster the host-loss run starts (0: no such run)",
+    )
     p.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temporary one")
     args = p.parse_args()
     standby = not args.no_standby
@@ -442,7 +449,28 @@ def main() -> int:
                 EPOCHS,
                 with_standby,
             )
-        failures["host_loss"] = {"skipped": "needs --ray-nodes (a multi-node Ray cluster)"}
+        if args.ray_nodes and importlib.util.find_spec("ray") is not None:
+            short = write_job(
+                workdir,
+                args.failure_records,
+                standby,
+                "host_loss-base.yaml",
+                args.checkpoint_overhead,
+            )
+            failures["host_loss"] = host_loss_run(
+                sys.modules[__name__],
+                short,
+                workdir,
+                args.kill_step,
+                args.failure_records,
+                EPOCHS,
+                standby,
+                args.ray_nodes,
+            )
+        else:
+            failures["host_loss"] = {
+                "skipped": "no multi-node Ray cluster (--ray-nodes 0, or ray not installed)"
+            }
     ratio = baseline["recovery_seconds"] / max(elastic["recovery_seconds"], 1e-9)
     if not args.json_only:
         for name, r in (("elastic", elastic), ("full restart", baseline)):
