@@ -29,6 +29,7 @@ class RayNode:
     node_id: str
     ip: str
     cpu: float
+    raylet_port: int = 0  # its raylet's port (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,12 @@ class NodePlacement:
         now = time.monotonic()
         if refresh or now - self._nodes_at > NODE_CACHE_SECONDS:
             self._nodes = [
-                RayNode(n["NodeID"], n["NodeManagerAddress"], float(n["Resources"].get("CPU", 0)))
+                RayNode(
+                    n["NodeID"],
+                    n["NodeManagerAddress"],
+                    float(n["Resources"].get("CPU", 0)),
+                    int(n.get("NodeManagerPort") or 0),
+                )
                 for n in self._ray.nodes()
                 if n.get("Alive")
             ]

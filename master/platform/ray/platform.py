@@ -3,6 +3,7 @@ restart, and turns their ends into `NodeEvent`s (see the package docstring)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -26,6 +27,7 @@ from master.platform.ray.connect import import_ray, is_loopback, join_cluster, s
 from master.platform.ray.job_anchor import ANCHOR_NAME
 from master.platform.ray.node_actor import NodeActor, node_actor_name
 from master.platform.ray.placement import NodePlacement, RayNode
+from master.platform.ray.raylet_probe import raylet_answers
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class _Running:
     actor_name: str = ""  # named actors (through the job anchor): found again by name
     retry_at: float = 0.0  # unavailable: when to ask again (monotonic; 0: its wait() runs)
     unreachable_since: float = 0.0  # monotonic; 0: reachable
+    signalled: bool = False  # this platform sent it a signal (a stop, a kill)
+    held: Any = None  # its wait() result, held while its raylet does not answer
 
 
 class RayPlatform(Platform):
@@ -221,6 +225,7 @@ class RayPlatform(Platform):
         return run is not None and self._signal(run, sig)
 
     def _signal(self, run: _Running, sig: int) -> bool:
+        run.signalled = True
         try:
             return bool(
                 self._ray.get(run.actor.signal.remote(int(sig)), timeout=SIGNAL_TIMEOUT_SECONDS)
@@ -367,8 +372,9 @@ class RayPlatform(Platform):
                     self._stop_watch.wait(WATCH_TICK_SECONDS)
                 continue
             for ref in ready:
-                if not self._unavailable(by_ref[ref]):
-                    self._finish(by_ref[ref])
+                run = by_ref[ref]
+                if not self._unavailable(run) and not self._host_suspect(run):
+                    self._finish(run)
             self._retry_unavailable()
 
     def _unavailable(self, run: _Running) -> bool:
@@ -389,6 +395,27 @@ class RayPlatform(Platform):
             return False
         return False
 
+    def _host_suspect(self, run: _Running) -> bool:
+        """Whether a node that ended by a signal this platform never sent ended with its
+        raylet (which no longer answers): its end is held until Ray marks the Ray node dead
+        (a NodeLost), or the raylet answers again (a plain kill)."""
+        try:
+            result = self._ray.get(run.ref, timeout=0)
+        except Exception:  # a dead actor: _finish reads it
+            return False
+        if int(result[0]) >= 0 or run.signalled:
+            return False
+        if raylet_answers(run.node.ip, run.node.raylet_port):
+            return False
+        with self._lock:
+            if self._running.get(run.spec.id) is not run:
+                return False
+            now = time.monotonic()
+            run.held, run.ref = result, None
+            run.retry_at, run.unreachable_since = now, now
+        log.info("%s id=%d: ended by a signal, its raylet silent", _name(run.spec), run.spec.id)
+        return True
+
     def _retry_unavailable(self) -> None:
         """Runs whose actor was unavailable: ended as lost once their Ray node is dead, else
         their wait() asked again (it fails at once while Ray still cannot reach the actor)."""
@@ -400,6 +427,12 @@ class RayPlatform(Platform):
                 alive = self._placement.is_alive(run.node.node_id)
             if not alive or now - run.unreachable_since > UNAVAILABLE_GIVE_UP_SECONDS:
                 self._finish(run)
+                continue
+            if run.held is not None:  # ended: nothing to ask again, only whether Ray knows
+                if raylet_answers(run.node.ip, run.node.raylet_port):
+                    self._finish(run)  # a plain kill after all
+                else:
+                    run.retry_at = now + UNAVAILABLE_RETRY_SECONDS
                 continue
             ref = run.actor.wait.remote()
             with self._lock:
@@ -419,6 +452,8 @@ class RayPlatform(Platform):
 
     def _event_for(self, run: _Running) -> NodeEvent:
         spec = run.spec
+        if run.held is not None:
+            return self._held_event(run)
         if run.ref is None and self._alive(run):  # unreachable for too long
             return NodeEvent(
                 spec.type,
@@ -473,6 +508,17 @@ class RayPlatform(Platform):
                 message=message,
                 details={"ray_error": type(e).__name__},
             )
+
+    def _held_event(self, run: _Running) -> NodeEvent:
+        """The end of a node held while its raylet did not answer: lost if its Ray node is
+        dead now (with the positions its actor read back), else the exit it had."""
+        code, tail, *rest = run.held
+        positions = {POSITIONS_DETAIL: rest[0]} if rest and rest[0] else {}
+        if not self._alive(run):
+            event = self._lost(run, f"its Ray node died (the node's processes ended with {code})")
+            return dataclasses.replace(event, details={**event.details, **positions})
+        spec = run.spec
+        return NodeEvent(spec.type, spec.rank, spec.id, int(code), message=tail, details=positions)
 
     def _alive(self, run: _Running) -> bool:
         with self._lock:
