@@ -19,11 +19,11 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/import_graph.py
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadgroup tests
 
 # Skips the slow end-to-end tests (CI still runs them through `make test`).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

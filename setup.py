@@ -15,7 +15,7 @@ TF = [
 TORCH = ["torch==2.13.0", "torchdata==0.11.0"]
 RAY = ["ray==2.60.0"]
 K8S = ["kubernetes==37.0.2"]
-DEV = ["pytest", "pytest-timeout", "hypothesis", "ruff", "grpcio-tools==1.62.3"]
+DEV = ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "ruff", "grpcio-tools==1.62.3"]
 
 setup(
     name="dlrover-elastic",
