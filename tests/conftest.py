@@ -31,6 +31,7 @@ def serial_group(path: str) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = serial_group(item.nodeid.split("::")[0])
