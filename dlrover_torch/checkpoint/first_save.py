@@ -4,12 +4,16 @@ Reserving shared memory up front (``posix_fallocate`` of every slot, then mappin
 costs a first touch of every page, twice the state with two slots, on the training thread. The
 first save instead writes its slot with ``pwrite``: the kernel reserves exactly the pages written,
 and a full /dev/shm fails that write with ENOSPC (a clear error, never a SIGBUS) before anything
-is committed. A background thread then reserves and maps every slot at the size this save set;
-the next save waits for it, so every later save copies into reserved, mapped memory as before.
+is committed. A background thread then reserves and maps every slot at the size this save set,
+the written slot first (its pages exist: mapping it is quick); a save that comes meanwhile copies
+into that slot once it is mapped (else rewrites it by ``pwrite``) while the fresh slots' first
+touch pauses. A save waits for the fresh slots only when the written one is still being
+persisted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -18,6 +22,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 
 import torch
 
@@ -158,35 +163,43 @@ def reserve_hole_free(path: str, size: int) -> shm.SlotFile:
 
 
 class SlotReservation:
-    """Reserves and maps every slot of a rank in a background thread."""
+    """Reserves and maps every slot of a rank in a background thread, the written slot first;
+    a save may copy into a slot already mapped, and pauses the rest meanwhile."""
 
     def __init__(self, paths: list[str], size: int, written: int) -> None:
         self.paths = paths
         self.size = size
         self.written = written  # the slot the first save wrote (its pages partly exist)
+        self._mapped: dict[int, shm.SlotFile] = {}
         self._files: list[shm.SlotFile] | None = None
         self._error: BaseException | None = None
+        self._may_touch = threading.Event()  # cleared while a save copies
+        self._may_touch.set()
         self._thread = threading.Thread(target=self._run, name="ckpt-reserve", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         started = time.monotonic()
-        files: list[shm.SlotFile] = []
+        order = [self.written] + [i for i in range(len(self.paths)) if i != self.written]
         try:
-            for i, path in enumerate(self.paths):
+            for i in order:
                 if i == self.written:
-                    files.append(reserve_hole_free(path, self.size))
+                    file = reserve_hole_free(self.paths[i], self.size)
                 else:
-                    files.append(shm.SlotFile.create(path, self.size))
+                    file = shm.SlotFile.create(self.paths[i], self.size, gate=self._may_touch)
+                self._mapped[i] = file
         except BaseException as exc:
-            for f in files:
-                f.close()
+            # The written slot may be in use by a save already: its owner closes it.
+            for i, f in self._mapped.items():
+                if i != self.written:
+                    f.close()
+            self._mapped = {i: f for i, f in self._mapped.items() if i == self.written}
             self._error = exc
             return
-        self._files = files
+        self._files = [self._mapped[i] for i in range(len(self.paths))]
         log.info(
             "reserved %d shm slot(s) of %s in the background in %.3f s",
-            len(files),
+            len(self._files),
             shm.fmt_bytes(self.size),
             time.monotonic() - started,
         )
@@ -195,8 +208,22 @@ class SlotReservation:
         """Whether the thread finished (successfully or not)."""
         return not self._thread.is_alive()
 
+    def mapped(self, index: int) -> shm.SlotFile | None:
+        """Slot ``index`` if it is already reserved and mapped (the thread keeps it)."""
+        return self._mapped.get(index)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop touching fresh memory while the caller copies a save (shared bandwidth)."""
+        self._may_touch.clear()
+        try:
+            yield
+        finally:
+            self._may_touch.set()
+
     def result(self) -> list[shm.SlotFile]:
         """Wait for the thread; the mapped slot files, or the error it met."""
+        self._may_touch.set()
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -200,10 +200,20 @@ class MemoryStore:
         reservation, self._reservation = self._reservation, None
         if reservation is None:
             return
-        files = reservation.result()
+        try:
+            files = reservation.result()
+        except BaseException:
+            written = reservation.mapped(reservation.written)
+            slot = self._slots[reservation.written]
+            if written is not None and (slot is None or slot.file is not written):
+                written.close()
+            raise
         for i, file in enumerate(files):
-            if self._slots[i] is not None:
-                self._slots[i].close()  # type: ignore[union-attr]
+            slot = self._slots[i]
+            if slot is not None and slot.file is file:  # adopted by a save meanwhile
+                continue
+            if slot is not None:
+                slot.close()
             self._slots[i] = _Slot(file)
 
     # ---- first save without prepare() ---------------------------------------------------
@@ -257,14 +267,38 @@ class MemoryStore:
             or not writable_by_pwrite(tensors)
         ):
             return None
-        size = shm.HEADER_BYTES + self._data_cap + self._meta_cap
-        header = self._header(layout, step, self._data_cap)
-        header.seq = self.seq + 1
-        if not write_slot(self.paths[index], size, layout, tensors, header, meta, fresh=False):
-            return None
+        with reservation.paused():
+            mapped = reservation.mapped(index)
+            if mapped is not None:  # copy into its mapping: faster than pwrite per page
+                return self._write_adopted(index, mapped, layout, tensors, meta, step)
+            size = shm.HEADER_BYTES + self._data_cap + self._meta_cap
+            header = self._header(layout, step, self._data_cap)
+            header.seq = self.seq + 1
+            if not write_slot(self.paths[index], size, layout, tensors, header, meta, fresh=False):
+                return None
         self.seq += 1
         self.latest_index = index
         return index, self.seq
+
+    def _write_adopted(
+        self,
+        index: int,
+        file: shm.SlotFile,
+        layout: Layout,
+        tensors: list[torch.Tensor],
+        meta: bytes,
+        step: int,
+    ) -> tuple[int, int] | None:
+        """Save into slot ``index`` mapped by the running reservation (adopted now, kept when
+        the reservation is settled); None when a reader holds it."""
+        slot = self._slots[index]
+        if slot is None or slot.file is not file:
+            self._slots[index] = slot = _Slot(file)
+        if not file.try_lock(exclusive=True):
+            return None
+        seq = self.write(index, layout, tensors, meta, step)
+        self.flush()  # committed before the caller hands the slot to a persist
+        return index, seq
 
     def _header(self, layout: Layout, step: int, data_cap: int) -> shm.SlotHeader:
         return shm.SlotHeader(

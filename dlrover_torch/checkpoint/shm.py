@@ -16,6 +16,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -103,15 +104,17 @@ class SlotFile:
         self.size = size
 
     @classmethod
-    def create(cls, path: str, size: int) -> SlotFile:
-        """Open or create ``path`` with at least ``size`` bytes reserved and mapped."""
+    def create(cls, path: str, size: int, gate: threading.Event | None = None) -> SlotFile:
+        """Open or create ``path`` with at least ``size`` bytes reserved and mapped; the first
+        touch of fresh pages waits for ``gate`` to be set between steps (a background
+        reservation pauses while a save copies)."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             current = os.fstat(fd).st_size
             size = max(size, current)
             if size > current:
                 _reserve(fd, path, current, size)
-                _first_touch(fd, current, size)
+                _first_touch(fd, current, size, gate)
             mm = _map_populated(fd, size, writable=True)
         except BaseException:
             os.close(fd)
@@ -196,7 +199,7 @@ def _map_populated(fd: int, size: int, writable: bool) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
 
 
-def _first_touch(fd: int, start: int, end: int) -> None:
+def _first_touch(fd: int, start: int, end: int, gate: threading.Event | None = None) -> None:
     """Write zeros over fresh pages in 16 MiB steps, before they are mapped.
 
     The first touch of fresh shm takes seconds per GiB on a VM; done by ``MAP_POPULATE`` it holds
@@ -207,6 +210,8 @@ def _first_touch(fd: int, start: int, end: int) -> None:
     zeros = bytes(POPULATE_STEP_BYTES)
     offset = start
     while offset < end:
+        if gate is not None:
+            gate.wait()
         offset += os.pwrite(fd, memoryview(zeros)[: min(POPULATE_STEP_BYTES, end - offset)], offset)
 
 

@@ -100,3 +100,96 @@ def test_a_created_slot_is_mapped_with_every_page_present(tmp_path):
             slot.close()
     finally:
         shm.unlink_quietly(path)
+
+
+@pytest.fixture
+def held_fresh_slot(monkeypatch):
+    """The reservation maps the written slot, then waits for the returned event before it
+    creates the fresh one; the gate each fresh slot's first touch was given is recorded."""
+    go = threading.Event()
+    gates: list[threading.Event | None] = []
+    create = shm.SlotFile.create
+
+    def held(path, size, gate=None):
+        gates.append(gate)
+        assert go.wait(60), "the test never released the fresh slot"
+        return create(path, size, gate)
+
+    monkeypatch.setattr(shm.SlotFile, "create", staticmethod(held))
+    yield go, gates
+    go.set()
+
+
+def _wait_mapped(s, index: int) -> None:
+    deadline = threading.Event()
+    for _ in range(600):
+        if s._reservation.mapped(index) is not None:
+            return
+        deadline.wait(0.05)
+    raise AssertionError(f"slot {index} was never mapped by the reservation")
+
+
+def test_a_save_copies_into_the_mapped_first_slot_while_the_fresh_one_pauses(
+    store, held_fresh_slot, monkeypatch
+):
+    go, gates = held_fresh_slot
+    s = store()
+    lay, tensors, meta = plan(training_state(seed=1), 1)
+    s.write_first(lay, tensors, meta, 1)
+    _wait_mapped(s, 0)
+    touching_during_copy = []
+    write = type(s).write
+
+    def spy(self, *args, **kwargs):
+        touching_during_copy.append(gates[0].is_set())
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(s), "write", spy)
+    second = training_state(seed=2)
+    lay, tensors, meta = plan(second, 2)
+    assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) == (0, 2)
+    assert touching_during_copy == [False]  # the mapped copy ran, the fresh slot paused
+    assert gates[0].is_set()  # and resumes after it
+    adopted = s._slots[0]
+    assert adopted is not None and adopted.file is s._reservation.mapped(0)
+    copy = store().latest()
+    assert (copy.index, copy.header.step, copy.header.seq) == (0, 2, 2)
+    assert_same(second, store().read(copy))
+    go.set()
+    third = training_state(seed=3)
+    lay, tensors, meta = plan(third, 3)
+    assert not s.ensure_needed(lay.data_bytes, len(meta))
+    assert s._slots[0] is adopted  # kept, not remapped, when the reservation settles
+    index = s.acquire(())
+    assert index == 1
+    s.write(index, lay, tensors, meta, 3)
+    copy = store().latest()
+    assert (copy.index, copy.header.step) == (1, 3)
+    assert_same(third, store().read(copy))
+
+
+def test_a_failed_fresh_slot_leaves_the_adopted_slot_usable(store, monkeypatch):
+    go = threading.Event()
+
+    def no_room(path, size, gate=None):
+        assert go.wait(60)
+        raise first_save.CapacityError(f"{path}: no room (test)")
+
+    monkeypatch.setattr(shm.SlotFile, "create", staticmethod(no_room))
+    s = store()
+    lay, tensors, meta = plan(training_state(seed=5), 1)
+    s.write_first(lay, tensors, meta, 1)
+    _wait_mapped(s, 0)
+    second = training_state(seed=6)
+    lay, tensors, meta = plan(second, 2)
+    assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) == (0, 2)  # adopted
+    go.set()
+    with pytest.raises(first_save.CapacityError, match="no room"):
+        s.ensure_needed(lay.data_bytes, len(meta))
+    third = training_state(seed=7)
+    lay, tensors, meta = plan(third, 3)
+    assert s.acquire(()) == 0  # the adopted mapping is still open and writable
+    s.write(0, lay, tensors, meta, 3)
+    copy = store().latest()
+    assert (copy.index, copy.header.step) == (0, 3)
+    assert_same(third, store().read(copy))
