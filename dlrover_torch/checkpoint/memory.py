@@ -249,8 +249,8 @@ class MemoryStore:
         step: int,
         avoid: Iterable[int],
     ) -> tuple[int, int] | None:
-        """A save that comes while the background reservation still runs: rewrite the first
-        save's slot in place (its pages exist) instead of waiting for fresh memory.
+        """A save that comes while the background reservation still runs: copy into the first
+        save's slot once it is mapped (its pages exist) instead of waiting for fresh memory.
 
         None (nothing written) when that is not possible: the reservation is done, the state
         grew, a tensor is on a device, a persist of that slot is pending, or a reader holds it.
@@ -268,17 +268,10 @@ class MemoryStore:
         ):
             return None
         with reservation.paused():
-            mapped = reservation.mapped(index)
-            if mapped is not None:  # copy into its mapping: faster than pwrite per page
-                return self._write_adopted(index, mapped, layout, tensors, meta, step)
-            size = shm.HEADER_BYTES + self._data_cap + self._meta_cap
-            header = self._header(layout, step, self._data_cap)
-            header.seq = self.seq + 1
-            if not write_slot(self.paths[index], size, layout, tensors, header, meta, fresh=False):
+            mapped = reservation.written_slot()
+            if mapped is None:  # it failed: the caller's ensure raises what it met
                 return None
-        self.seq += 1
-        self.latest_index = index
-        return index, self.seq
+            return self._write_adopted(index, mapped, layout, tensors, meta, step)
 
     def _write_adopted(
         self,

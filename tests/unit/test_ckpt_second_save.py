@@ -13,68 +13,9 @@ from dlrover_torch.checkpoint import first_save, layout, shm
 from tests.unit.ckpt_helpers import assert_same, training_state
 
 
-@pytest.fixture
-def held_reservation(monkeypatch):
-    """Background reservations wait for the returned event before they start."""
-    go = threading.Event()
-    run = first_save.SlotReservation._run
-
-    def slow(self):
-        assert go.wait(60), "the test never released the reservation"
-        run(self)
-
-    monkeypatch.setattr(first_save.SlotReservation, "_run", slow)
-    yield go
-    go.set()
-
-
 def plan(state: dict, step: int):
     lay, tensors = layout.plan(state)
     return lay, tensors, layout.encode_meta(lay, {"step": step})
-
-
-def test_a_save_during_the_reservation_rewrites_the_first_slot_in_place(store, held_reservation):
-    s = store()
-    lay, tensors, meta = plan(training_state(seed=1), 1)
-    assert s.write_first(lay, tensors, meta, 1) == (0, 1)
-    second = training_state(seed=2)
-    lay, tensors, meta = plan(second, 2)
-    assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) == (0, 2)
-    assert not os.path.exists(s.paths[1])  # the other slot's memory was not waited for
-    other = store()  # another process (a restart, the persister) sees step 2, exactly
-    copy = other.latest()
-    assert copy is not None and (copy.index, copy.header.step, copy.header.seq) == (0, 2, 2)
-    assert_same(second, other.read(copy))
-    held_reservation.set()
-    third = training_state(seed=3)
-    lay, tensors, meta = plan(third, 3)
-    assert not s.ensure_needed(lay.data_bytes, len(meta))  # waits for, then takes, the slots
-    assert s.rewrite_first(lay, tensors, meta, 3, avoid=()) is None  # reservation done
-    index = s.acquire(())
-    assert index == 1  # double buffering again: never the slot holding step 2
-    s.write(index, lay, tensors, meta, 3)
-    copy = store().latest()
-    assert (copy.index, copy.header.step, copy.header.seq) == (1, 3, 3)
-
-
-def test_no_rewrite_over_a_slot_being_persisted_or_read_or_too_small(store, held_reservation):
-    s = store()
-    state = training_state(seed=4)
-    lay, tensors, meta = plan(state, 1)
-    s.write_first(lay, tensors, meta, 1)
-    assert s.rewrite_first(lay, tensors, meta, 2, avoid={0}) is None  # its persist is pending
-    fd = os.open(s.paths[0], os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # a persister reading it
-        assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) is None
-    finally:
-        os.close(fd)
-    bigger = {**state, "extra": torch.zeros(1 << 20)}  # past the slack
-    lay2, tensors2, meta2 = plan(bigger, 2)
-    assert s.rewrite_first(lay2, tensors2, meta2, 2, avoid=()) is None
-    copy = store().latest()
-    assert copy.header.step == 1  # none of the refusals touched the committed copy
-    assert_same(state, store().read(copy))
 
 
 def _rss_kib(path: str) -> int:
@@ -149,6 +90,7 @@ def test_a_save_copies_into_the_mapped_first_slot_while_the_fresh_one_pauses(
     lay, tensors, meta = plan(second, 2)
     assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) == (0, 2)
     assert touching_during_copy == [False]  # the mapped copy ran, the fresh slot paused
+    assert not os.path.exists(s.paths[1])  # the fresh slot's memory was not waited for
     assert gates[0].is_set()  # and resumes after it
     adopted = s._slots[0]
     assert adopted is not None and adopted.file is s._reservation.mapped(0)
@@ -193,3 +135,23 @@ def test_a_failed_fresh_slot_leaves_the_adopted_slot_usable(store, monkeypatch):
     copy = store().latest()
     assert (copy.index, copy.header.step) == (0, 3)
     assert_same(third, store().read(copy))
+
+
+def test_no_rewrite_over_a_slot_being_persisted_or_read_or_too_small(store, held_fresh_slot):
+    s = store()
+    state = training_state(seed=4)
+    lay, tensors, meta = plan(state, 1)
+    s.write_first(lay, tensors, meta, 1)
+    assert s.rewrite_first(lay, tensors, meta, 2, avoid={0}) is None  # its persist is pending
+    fd = os.open(s.paths[0], os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a persister reading it
+        assert s.rewrite_first(lay, tensors, meta, 2, avoid=()) is None
+    finally:
+        os.close(fd)
+    bigger = {**state, "extra": torch.zeros(1 << 20)}  # past the slack
+    lay2, tensors2, meta2 = plan(bigger, 2)
+    assert s.rewrite_first(lay2, tensors2, meta2, 2, avoid=()) is None
+    copy = store().latest()
+    assert copy.header.step == 1  # none of the refusals touched the committed copy
+    assert_same(state, store().read(copy))
