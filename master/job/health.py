@@ -53,7 +53,10 @@ def silence_cause(cpu_percent: float | None) -> str:
             f"its process still runs at {cpu_percent:.0f}% CPU: busy, not dead "
             "(its reports are starved)"
         )
-    return f"its process still runs but is idle ({cpu_percent:.1f}% CPU): blocked or waiting"
+    return (
+        f"its process still exists but is idle ({cpu_percent:.1f}% CPU): blocked, waiting or "
+        "stopped (SIGSTOP)"
+    )
 
 
 def heartbeat_verdicts(

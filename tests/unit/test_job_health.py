@@ -151,7 +151,7 @@ def test_a_silent_nodes_warning_names_what_its_process_does():
     assert silence_cause(97.0) == (
         "its process still runs at 97% CPU: busy, not dead (its reports are starved)"
     )
-    assert silence_cause(0.4).startswith("its process still runs but is idle (0.4% CPU)")
+    assert silence_cause(0.4).startswith("its process still exists but is idle (0.4% CPU)")
     quiet = Node("worker", 0, id=1, state=R, registered=True, last_heartbeat=80.0)
     [v] = heartbeat_verdicts([quiet], now=100.0, timeout=15.0, measured_cpu={1: 97.0})
     assert v.message == (
