@@ -239,6 +239,15 @@ class KubernetesPlatform(Platform):
             )
         self._retry.note(logging.INFO, f"{what}: earlier pods gone; creating {name}")
 
+    def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
+        """Not a standby whose pod's node is not Ready: lost too, perhaps with the PS."""
+        with self._lock:
+            record = self._records.get(standby_id)
+        if record is None or record.reported:
+            return False
+        trouble = self._troubles.current().get(record.pod_name)
+        return trouble is None or trouble[0].kind != TroubleKind.NODE_NOT_READY
+
     def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
         """The standby's pod gets the rank's label, so the rank's service (its address) selects
         it; the failed pod it replaces is no longer an endpoint."""
