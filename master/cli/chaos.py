@@ -1,5 +1,6 @@
 """`dlrover chaos JOB.yaml --kills N`: run a job while killing or freezing random nodes and its
-master, then report which faults fired, what data was missed or redone, and the time they cost."""
+master, or removing the Ray nodes holding them, then report which faults fired, what data was
+missed or redone, and the time they cost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any, TextIO
 
 from master.cli.supervisor import DEFAULT_MAX_MASTER_RESTARTS
 from master.config import JobSpec
-from master.job.faults import MASTER
+from master.job.faults import MASTER, FaultAction, parse_fault
+from master.job.host_faults import FAULT_FAILED
 
 # Faults land between these shares of the job (records, global steps or time), spaced out.
 FIRST_KILL_PERCENT = 10.0
@@ -34,18 +36,32 @@ class ChaosAction(Enum):
 
     KILL = "kill"  # SIGKILL: the platform sees the exit at once
     FREEZE = "freeze"  # SIGSTOP: alive and silent, found by the heartbeat timeout
+    # The target's Ray node removed (its raylet SIGKILLed): every rank on it lost at once.
+    REMOVE_NODE = "node"
 
     @property
     def targets(self) -> tuple[str, ...]:
-        """The node types it may hit: a freeze only nodes that send heartbeats."""
+        """The node types it may hit: a freeze only nodes that send heartbeats; a removal
+        never the master's Ray node."""
         if self == ChaosAction.FREEZE:
             return ("worker", "chief")
+        if self == ChaosAction.REMOVE_NODE:
+            return ("worker", "ps", "chief", "evaluator")
         return ("worker", "ps", "chief", "evaluator", MASTER)
 
     @property
     def suffix(self) -> str:
         """What follows TYPE:RANK@WHEN in the `--kill` value."""
-        return ":freeze" if self == ChaosAction.FREEZE else ""
+        return {ChaosAction.FREEZE: ":freeze", ChaosAction.REMOVE_NODE: ":node"}.get(self, "")
+
+    @property
+    def weight(self) -> float:
+        """How likely the action is against another on the same target: a lost host is rarer
+        than a crashed process, and each costs the cluster a Ray node."""
+        return ACTION_WEIGHTS[self]
+
+
+ACTION_WEIGHTS = {ChaosAction.KILL: 1.0, ChaosAction.FREEZE: 1.0, ChaosAction.REMOVE_NODE: 0.5}
 
 
 class Trigger(Enum):
@@ -82,6 +98,11 @@ class ChaosPlan:
     trigger: Trigger = Trigger.RECORDS
     notes: tuple[str, ...] = ()
 
+    @property
+    def removes_nodes(self) -> bool:
+        """Whether a fault removes a Ray node (`:node`)."""
+        return any(parse_fault(k).action == FaultAction.REMOVE_NODE for k in self.kills)
+
 
 @dataclass
 class ChaosReport:
@@ -93,6 +114,7 @@ class ChaosReport:
     kills_planned: int
     kills_fired: int
     kills_skipped: int  # due, but the target was not running
+    kills_failed: int  # due and tried, but refused or did not take (a Ray node that stayed)
     kills_not_fired: int  # never due before the job's end
     status: str
     reason: str
@@ -104,6 +126,7 @@ class ChaosReport:
     master_restarts: int
     freezes_detected: int  # frozen nodes the master found (heartbeat lost) and ended
     freezes_thawed: int  # frozen nodes resumed at the end of their freeze: never found
+    ray_nodes_removed: int  # Ray nodes removed (each fired :node fault)
     global_step: int
     wall_seconds: float
     baseline_wall_seconds: float | None = None
@@ -142,14 +165,21 @@ def plan_kills(
     trigger: Trigger = Trigger.RECORDS,
     scale: JobScale | None = None,
     max_master_restarts: int = DEFAULT_MAX_MASTER_RESTARTS,
+    spare_ray_nodes: int = 0,
 ) -> ChaosPlan:
-    """Random (action, target) pairs weighted by TARGET_WEIGHTS at evenly spread shares of the
-    job, within the relaunch budgets where they allow: a target whose budget is spent is not
-    drawn again while another one is left."""
+    """Random (action, target) pairs weighted by TARGET_WEIGHTS and the actions' weights at
+    evenly spread shares of the job, within the relaunch budgets where they allow: a target
+    whose budget is spent is not drawn again while another one is left. At most
+    `spare_ray_nodes` Ray node removals (the Ray nodes the job can lose and go on)."""
     if kills < 1:
         raise ValueError(f"--kills must be at least 1, got {kills}")
     if not actions:
         raise ValueError("chaos needs at least one action")
+    if ChaosAction.REMOVE_NODE in actions and spare_ray_nodes < 1:
+        raise ValueError(
+            "no Ray node to spare for a removal (node): the job must be able to go on on the "
+            "Ray nodes left; add Ray nodes to the cluster, or leave node out of --actions"
+        )
     _check_measurable(trigger, scale)
     rng = random.Random(seed)
     replicas = {t: spec.group(t).replicas for t in ("worker", "ps", "chief", "evaluator")}
@@ -163,17 +193,26 @@ def plan_kills(
     ]
     if not options:
         raise ValueError(f"the job has no node {'/'.join(a.value for a in actions)} can hit")
+    if kills > spare_ray_nodes and all(a == ChaosAction.REMOVE_NODE for a, _, _ in options):
+        raise ValueError(
+            f"{kills} Ray node removals, but the job can lose only {spare_ray_nodes} Ray nodes "
+            "and go on: fewer --kills, or add kill or freeze to --actions"
+        )
     spent: Counter[tuple[str, int]] = Counter()
     last = LAST_KILL_PERCENT if trigger == Trigger.RECORDS else LAST_KILL_PERCENT_MEASURED
     step = (last - FIRST_KILL_PERCENT) / max(1, kills - 1)
-    out, capped = [], 0
+    out, capped, removals = [], 0, 0
     for i in range(kills):
-        left = [o for o in options if _within_budget(o, spent, budget, spec, max_master_restarts)]
-        pool = left or options
-        capped += len(pool) < len(options)
-        weights = [TARGET_WEIGHTS[t] / replicas[t] for _, t, _ in pool]
+        allowed = [
+            o for o in options if o[0] != ChaosAction.REMOVE_NODE or removals < spare_ray_nodes
+        ]
+        left = [o for o in allowed if _within_budget(o, spent, budget, spec, max_master_restarts)]
+        pool = left or allowed
+        capped += len(pool) < len(allowed)
+        weights = [a.weight * TARGET_WEIGHTS[t] / replicas[t] for a, t, _ in pool]
         action, node_type, rank = rng.choices(pool, weights)[0]
         spent[(node_type, rank)] += 1
+        removals += action == ChaosAction.REMOVE_NODE
         at = when(trigger, FIRST_KILL_PERCENT + i * step, scale)
         out.append(f"{node_type}:{rank}@{at}{action.suffix}")
     notes = (
@@ -181,8 +220,30 @@ def plan_kills(
         if capped
         else ()
     )
+    if removals:
+        notes += (
+            f"{removals} Ray node removals (at most {spare_ray_nodes}, the Ray nodes the job can "
+            "lose): each ends every rank on that Ray node, and each of them counts against "
+            "its relaunch budget",
+        )
     warnings = budget_warnings(spec, out, max_master_restarts)
     return ChaosPlan(seed, tuple(out), warnings, trigger, notes)
+
+
+def given_plan(spec: JobSpec, kills: list[str], seed: int = 0) -> ChaosPlan:
+    """The faults given with `dlrover chaos --kill` (checked, FaultSpecError), as a plan; by the
+    first one's trigger."""
+    faults = [parse_fault(k) for k in kills]
+    first = faults[0]
+    trigger = (
+        Trigger.RECORDS
+        if first.at_percent is not None
+        else Trigger.TIME
+        if first.at_seconds is not None
+        else Trigger.STEPS
+    )
+    kills = [k.strip() for k in kills]
+    return ChaosPlan(seed, tuple(kills), budget_warnings(spec, kills), trigger)
 
 
 def _within_budget(
@@ -238,12 +299,15 @@ class FaultCount:
     not_fired: list[str]
     thawed: int
     detected_freezes: int
+    failed: list[str] = field(default_factory=list)  # tried, refused or did not take
+    removed: int = 0  # Ray nodes removed
 
 
 def count_faults(events: list[dict[str, Any]]) -> FaultCount:
     """Sort a run's `fault` events: fired (reason fault_injection), skipped (due, target not
-    running), not fired (never due); frozen nodes thawed unfound, and those found (a lost
-    heartbeat of the incarnation a freeze hit)."""
+    running), failed (tried: refused, or the Ray node stayed), not fired (never due); frozen
+    nodes thawed unfound, and those found (a lost heartbeat of the incarnation a freeze hit);
+    Ray nodes removed."""
     faults = [e for e in events if e["kind"] == "fault"]
     by_reason: dict[str, list[str]] = {}
     for e in faults:
@@ -260,6 +324,13 @@ def count_faults(events: list[dict[str, Any]]) -> FaultCount:
         not_fired=by_reason.get("not_fired", []),
         thawed=len(by_reason.get("fault_thawed", [])),
         detected_freezes=len(frozen & lost),
+        failed=by_reason.get(FAULT_FAILED, []),
+        removed=sum(
+            1
+            for e in faults
+            if e.get("reason") == "fault_injection"
+            and e["details"].get("action") == FaultAction.REMOVE_NODE.value
+        ),
     )
 
 
@@ -279,10 +350,12 @@ def _submit(job_yaml: str, run_dir: str, extra: list[str], out: TextIO) -> tuple
         return json.load(f), wall
 
 
-def measure(job_yaml: str, out_dir: str, out: TextIO) -> tuple[JobScale, float]:
+def measure(
+    job_yaml: str, out_dir: str, out: TextIO, submit_args: tuple[str, ...] = ()
+) -> tuple[JobScale, float]:
     """Run the job once without faults: its records, global step and time; and its wall time
-    as `dlrover submit` took it (the baseline)."""
-    summary, wall = _submit(job_yaml, os.path.join(out_dir, "baseline"), [], out)
+    as `dlrover submit` took it (the baseline). `submit_args` go to `dlrover submit`."""
+    summary, wall = _submit(job_yaml, os.path.join(out_dir, "baseline"), [*submit_args], out)
     if summary["status"] != "succeeded":
         raise RuntimeError(
             f"the fault-free run did not succeed ({summary['status']}: {summary['reason']}); "
@@ -300,10 +373,12 @@ def run_chaos(
     out_dir: str,
     baseline_wall: float | None,
     out: TextIO,
+    submit_args: tuple[str, ...] = (),
 ) -> ChaosReport:
-    """Run the job with the plan's faults; report against the fault-free run's time if any."""
+    """Run the job with the plan's faults (`submit_args` go to `dlrover submit`, e.g. the
+    platform); report against the fault-free run's time if any."""
     os.makedirs(out_dir, exist_ok=True)
-    extra = [arg for k in plan.kills for arg in ("--kill", k)]
+    extra = [*submit_args, *(arg for k in plan.kills for arg in ("--kill", k))]
     summary, wall = _submit(job_yaml, os.path.join(out_dir, "chaos"), extra, out)
     events = summary["events"]
     count = count_faults(events)
@@ -317,7 +392,8 @@ def run_chaos(
         kills_planned=len(plan.kills),
         kills_fired=len(count.fired),
         kills_skipped=len(count.skipped),
-        kills_not_fired=len(plan.kills) - len(count.fired) - len(count.skipped),
+        kills_failed=len(count.failed),
+        kills_not_fired=len(plan.kills) - len(count.fired) - len(count.skipped) - len(count.failed),
         status=summary["status"],
         reason=summary["reason"],
         records_total=total,
@@ -328,11 +404,12 @@ def run_chaos(
         master_restarts=sum(1 for e in events if e["kind"] == "master_restarted"),
         freezes_detected=count.detected_freezes,
         freezes_thawed=count.thawed,
+        ray_nodes_removed=count.removed,
         global_step=int(summary.get("global_step", 0)),
         wall_seconds=round(wall, 1),
         baseline_wall_seconds=round(baseline_wall, 1) if baseline_wall is not None else None,
         seconds_lost=round(wall - baseline_wall, 1) if baseline_wall is not None else None,
-        kills=count.fired + count.skipped + count.not_fired,
+        kills=count.fired + count.skipped + count.failed + count.not_fired,
         warnings=list(plan.warnings),
     )
 
@@ -343,13 +420,19 @@ def format_report(report: ChaosReport) -> str:
         f"== chaos report: job {report.job}, seed {report.seed}, faults by {report.trigger}",
         f"   faults: {report.kills_fired} fired of {report.kills_planned} planned; "
         f"{report.kills_skipped} skipped (target not running), "
-        f"{report.kills_not_fired} never due before the job's end",
+        + (
+            f"{report.kills_failed} failed (refused, or did not take), "
+            if report.kills_failed
+            else ""
+        )
+        + f"{report.kills_not_fired} never due before the job's end",
         f"   job {report.status}" + (f": {report.reason}" if report.reason else ""),
         f"   records: {report.records_done:,}/{report.records_total:,} done, "
         f"{report.records_missing:,} missing, {report.records_redone:,} handed out again"
         if report.records_total
         else f"   records: none (the job has no dataset); global step {report.global_step:,}",
-        f"   relaunched nodes: {report.relaunches}, master restarts: {report.master_restarts}",
+        f"   relaunched nodes: {report.relaunches}, master restarts: {report.master_restarts}"
+        + (f", Ray nodes removed: {report.ray_nodes_removed}" if report.ray_nodes_removed else ""),
     ]
     if report.freezes_detected or report.freezes_thawed:
         lines.append(

@@ -16,7 +16,7 @@ from master.cli.ray_master_actor import run_master_actor
 from master.cli.run_layout import STATE_FILE, RunLayout, run_layout
 from master.config import NODE_TYPES, JobSpec, MasterConfig, SpecError, load_job_spec
 from master.config.master_config import RPC_SERVERS
-from master.job.faults import FaultSpecError, parse_fault
+from master.job.faults import FaultAction, FaultSpecError, parse_fault
 from master.platform.api import PlatformError
 from master.platform.factory import PLATFORMS
 
@@ -131,6 +131,27 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             )
 
 
+REMOVE = FaultAction.REMOVE_NODE
+
+
+def _check_host_faults(args: argparse.Namespace, kills: list[str]) -> None:
+    """A `--kill ...:node` (a Ray node removed) needs a Ray cluster of several Ray nodes."""
+    if not kills:
+        return
+    if args.platform != "ray":
+        raise FaultSpecError(
+            f"--kill {kills[0]} removes the target's Ray node: it needs --platform ray "
+            f"--ray-address ADDRESS (a Ray cluster of several Ray nodes), not --platform "
+            f"{args.platform}; there, use a kill (drop :node) or :freeze"
+        )
+    if not args.ray_address:
+        raise FaultSpecError(
+            f"--kill {kills[0]} removes the target's Ray node: give --ray-address of a Ray "
+            "cluster of several Ray nodes (the one `--platform ray` starts alone has a single "
+            "node, the master's, which is never removed)"
+        )
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """Run `submit` or `master` as args say; argv (the whole command line) is passed on to the
     master that a supervisor or a Ray actor starts. Returns the exit code."""
@@ -143,6 +164,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.metrics_port is not None:
             spec = spec.with_overrides(metrics_port=args.metrics_port)
         faults = tuple(parse_fault(k) for k in args.kill)
+        _check_host_faults(
+            args, [k for k, f in zip(args.kill, faults, strict=True) if f.action == REMOVE]
+        )
         layout = run_layout(spec, args.run_dir, args.state, args.host)
         master_config = MasterConfig(
             host=args.host,

@@ -1,8 +1,9 @@
 """Fault injection for rehearsing failures: `--kill TYPE:RANK@WHEN[:ACTION]` on `dlrover submit`.
 
 `parse_fault` reads a `--kill` value, `faults_due` says which faults fire now (pure), and
-`FaultInjector` is the part of the job that fires them: a signal, or a freeze (SIGSTOP, then
-SIGCONT if the node is still there when the freeze ends)."""
+`FaultInjector` is the part of the job that fires them: a signal, a freeze (SIGSTOP, then
+SIGCONT if the node is still there when the freeze ends), or the loss of the node's host (a Ray
+node removed: `host_faults`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from master.config import NODE_TYPES
 from master.job.events import Emit
+from master.job.host_faults import HostRemovals
 from master.job.model import STOP_GRACE_SECONDS
 from master.nodes.model import TRAINING_TYPES, Node, NodeState
 
@@ -34,10 +36,13 @@ _PATTERN = re.compile(
 class FaultAction(Enum):
     """What a fault does to its target. KILL sends a signal (SIGKILL unless told); FREEZE sends
     SIGSTOP and SIGCONT when the freeze ends, unless the master ended the node first (a frozen
-    process is alive and silent: the heartbeat timeout must find it)."""
+    process is alive and silent: the heartbeat timeout must find it); REMOVE_NODE takes away the
+    platform's host of the target (its Ray node) with every process on it, as a lost machine:
+    fired once the platform sees the host gone (`--kill` suffix `:node`, Ray only)."""
 
     KILL = "kill"
     FREEZE = "freeze"
+    REMOVE_NODE = "node"
 
 
 # `--kill master:0@...`: the master kills itself; its supervisor restarts it.
@@ -82,6 +87,8 @@ class Fault:
             when = f"{self.at_seconds:g}s after start"
         else:
             when = f"global step {self.at_step}"
+        if self.action == FaultAction.REMOVE_NODE:
+            return f"the host (Ray node) of {self.node_type}-{self.rank} removed at {when}"
         if self.action == FaultAction.FREEZE:
             span = f" for {self.freeze_seconds:g}s" if self.freeze_seconds is not None else ""
             what = f"SIGSTOP (a freeze{span})"
@@ -92,13 +99,14 @@ class Fault:
 
 def parse_fault(text: str) -> Fault:
     """Parse 'worker:1@50%', 'ps:0@30s', 'chief:0@step=1000', 'master:0@40%' (optionally
-    followed by ':SIGTERM', or ':freeze' / ':freeze=20s' for a SIGSTOP undone after that)."""
+    followed by ':SIGTERM', ':freeze' / ':freeze=20s' for a SIGSTOP undone after that, or
+    ':node' for the loss of the node's host, its Ray node)."""
     m = _PATTERN.match(text.strip())
     if not m:
         raise FaultSpecError(
             f"--kill {text!r}: expected TYPE:RANK@WHEN with WHEN one of 50% (of the records), "
-            "30s (after start) or step=1000, optionally followed by :SIGTERM or :freeze[=20s]; "
-            "for example --kill worker:1@50%"
+            "30s (after start) or step=1000, optionally followed by :SIGTERM, :freeze[=20s] or "
+            ":node (its Ray node removed); for example --kill worker:1@50%"
         )
     node_type = m["type"]
     if node_type not in (*NODE_TYPES, MASTER):
@@ -116,6 +124,13 @@ def parse_fault(text: str) -> Fault:
             raise FaultSpecError(f"--kill {text!r}: the master cannot be frozen, only killed")
     elif m["arg"]:
         raise FaultSpecError(f"--kill {text!r}: only :freeze takes a length (:freeze=20s)")
+    elif m["sig"] == FaultAction.REMOVE_NODE.value:
+        action = FaultAction.REMOVE_NODE
+        if node_type == MASTER:
+            raise FaultSpecError(
+                f"--kill {text!r}: the master's Ray node is never removed (the job could not "
+                "go on); kill the master (master:0@WHEN) or remove a node's Ray node"
+            )
     elif m["sig"]:
         name = m["sig"].upper()
         name = name if name.startswith("SIG") else "SIG" + name
@@ -237,6 +252,7 @@ class FaultInjector:
         self.fired: list[int] = []  # indices into the faults given at submit
         self._waiting: dict[int, float] = {}  # target a due fault waits on -> since when
         self._kept_datasets: set[str] = set()  # datasets whose shards are kept for it
+        self._hosts = HostRemovals(platform, emit)  # hosts being removed (REMOVE_NODE)
 
     @property
     def pending(self) -> bool:
@@ -247,6 +263,7 @@ class FaultInjector:
         """Control loop: fire each fault whose trigger is reached (`progress` is asked once,
         after coalesced positions were caught up where a percentage is due)."""
         self._thaw_due()
+        self._hosts.poll()
         if not self.pending:
             return
         if any(f.at_percent is not None for i, f in enumerate(self._faults) if i not in self.fired):
@@ -276,6 +293,10 @@ class FaultInjector:
                 continue
             if fault.action == FaultAction.FREEZE:
                 self._freeze(fault, node, now.global_step)
+                continue
+            if fault.action == FaultAction.REMOVE_NODE:
+                if self._hosts.start(fault, node, now.global_step):
+                    self._hit.add(node.id)
                 continue
             if not self._platform.signal_node(node.id, fault.signal):
                 self._skipped(fault)  # it ended meanwhile: the signal reached nothing
@@ -389,6 +410,7 @@ class FaultInjector:
 
     def report_unfired(self, reports_progress: bool) -> None:
         """At the job's end: say which faults never fired, and why where it is known."""
+        self._hosts.report_unfinished()
         for i, fault in enumerate(self._faults):
             if i not in self.fired:
                 self._emit("fault", unfired_message(fault, reports_progress), reason="not_fired")

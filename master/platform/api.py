@@ -63,6 +63,20 @@ def node_lost(event: NodeEvent) -> bool:
     return event.details.get(REASON_DETAIL) == NODE_LOST
 
 
+class HostRemoval(abc.ABC):
+    """A host taken away with every process on it (fault injection: `Platform.remove_host`).
+    It counts as removed only once the platform sees the host gone, which may take seconds."""
+
+    host: str = ""  # names the host in messages
+    error: str = ""  # why it failed, once `outcome()` said so
+    details: Mapping[str, Any] = {}  # how it went (for the fault's event), once done
+
+    @abc.abstractmethod
+    def outcome(self) -> bool | None:
+        """True once the host is gone, False if its removal failed (`error` says why), None
+        while it is under way. Cheap enough to ask on every control loop tick."""
+
+
 class Platform(abc.ABC):
     """Where nodes run: local processes, Ray actors or Kubernetes pods."""
 
@@ -108,6 +122,16 @@ class Platform(abc.ABC):
         """Whether running node `standby_id` (a standby) can serve (type, rank)'s address
         (on a cluster: whether it runs where that address is)."""
         return True
+
+    def remove_host(self, node_id: int) -> HostRemoval:
+        """Fault injection: take away the host that runs node `node_id`, with every process on
+        it, as a machine lost would; its nodes end as lost (NodeLost). PlatformError where the
+        platform cannot, or must not (a host the job cannot go on without)."""
+        raise PlatformError(
+            f"{type(self).__name__} cannot remove a node's host: a host loss (`--kill "
+            "TYPE:RANK@WHEN:node`) is rehearsed on --platform ray with --ray-address of a Ray "
+            "cluster of several Ray nodes; here use a kill or :freeze"
+        )
 
     def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
         """CPU seconds each running node's processes used so far, by node id; a node the

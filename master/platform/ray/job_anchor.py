@@ -35,6 +35,10 @@ class JobAnchor:
         """Answers once the anchor is up."""
         return True
 
+    def node_id(self) -> str:
+        """The Ray node the anchor (and so every node actor's owner) runs on."""
+        return str(self._ray.get_runtime_context().get_node_id())
+
     def launch(self, spec: NodeLaunchSpec, ray_node: str, options: dict[str, Any]) -> Any:
         """Start a node actor named node-<id> with `options`; its handle."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

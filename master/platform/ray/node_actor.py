@@ -86,6 +86,13 @@ class NodeActor:
             return False
         return kill_process_group(self._proc.pid, sig)
 
+    def kill_raylet(self, node_id: str, delay: float) -> tuple[int, str, float]:
+        """Fault injection: SIGKILL this Ray node's raylet, the actor's parent, `delay` seconds
+        after answering (master.platform.ray.node_removal.kill_own_raylet)."""
+        from master.platform.ray.node_removal import kill_own_raylet
+
+        return kill_own_raylet(node_id, delay)
+
 
 def ray_node_env() -> dict[str, str]:
     """The environment this Ray node gives its workers, without Ray's own additions.

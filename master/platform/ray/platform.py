@@ -18,6 +18,7 @@ from master.platform.api import (
     NODE_LOST,
     POSITIONS_DETAIL,
     REASON_DETAIL,
+    HostRemoval,
     NodeEvent,
     NodeLaunchSpec,
     Platform,
@@ -26,6 +27,7 @@ from master.platform.api import (
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
 from master.platform.ray.node_actor import NodeActor, node_actor_name
+from master.platform.ray.node_removal import remove_ray_node
 from master.platform.ray.placement import NodePlacement, RayNode
 from master.platform.ray.raylet_probe import raylet_answers
 
@@ -107,9 +109,8 @@ class RayPlatform(Platform):
         self._ActorUnavailableError = ActorUnavailableError
         self._affinity = NodeAffinitySchedulingStrategy
         self._actor_class = ray.remote(NodeActor)
-        self._placement = NodePlacement(
-            ray, host, ray.get_runtime_context().get_node_id(), NodeAffinitySchedulingStrategy
-        )
+        self._my_node = ray.get_runtime_context().get_node_id()
+        self._placement = NodePlacement(ray, host, self._my_node, NodeAffinitySchedulingStrategy)
         self._anchor: Any = None
         if namespace:
             try:
@@ -246,6 +247,23 @@ class RayPlatform(Platform):
         except self._RayError as e:
             log.warning("%s: signal %d failed: %s", _name(run.spec), sig, e)
             return False
+
+    def remove_host(self, node_id: int) -> HostRemoval:
+        """Remove the Ray node of node `node_id` (master.platform.ray.node_removal); never
+        the head's, this master's or the job anchor's."""
+        with self._lock:
+            run = self._running.get(node_id)
+        if run is None:
+            raise PlatformError(f"node id={node_id} is not running")
+        protected = {self._my_node: "this job's master"}
+        if self._anchor is not None:
+            try:
+                anchor_node = self._ray.get(self._anchor.node_id.remote(), timeout=10)
+            except Exception as e:  # the anchor is gone, or of an older version
+                raise PlatformError(f"cannot tell which Ray node holds the job anchor: {e}") from e
+            protected.setdefault(anchor_node, "the job anchor (which owns every node actor)")
+        # Through the node's own actor, a Ray worker already on that Ray node.
+        return remove_ray_node(self._ray, run.node, protected, self._affinity, run.actor)
 
     def stop_node(self, node_id: int, grace_seconds: float) -> None:
         with self._lock:
