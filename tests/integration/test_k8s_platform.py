@@ -113,12 +113,13 @@ def launch_spec(node_type, rank, node_id, token_file, cpu=0.0, memory_mb=0, env=
     )
 
 
-def pod_of(api, node_type, rank, node_id):
+def pod_of(api, node_type, rank, node_id, timeout: float = 10.0):
     return api.wait_for(
         lambda: next(
             iter(api.pods(f"{SEL},dlrover.io/node-type={node_type},dlrover.io/node-id={node_id}")),
             None,
         ),
+        timeout=timeout,
         what=f"pod of {node_type}-{rank} id {node_id}",
     )
 
@@ -675,7 +676,8 @@ def test_master_command_runs_the_job_with_the_k8s_platform(api, master_pod, tmp_
         text=True,
     )
     try:
-        ps = pod_of(api, "ps", 0, 1)
+        # a master process starting on a loaded machine: seconds of imports before its pods
+        ps = pod_of(api, "ps", 0, 1, timeout=90)
         worker = pod_of(api, "worker", 0, 2)
         api.kubelet.run(ps["metadata"]["name"])
         api.kubelet.run(worker["metadata"]["name"])
