@@ -113,8 +113,8 @@ class ChaosReport:
     trigger: str
     kills_planned: int
     kills_fired: int
-    kills_skipped: int  # due, but the target was not running
-    kills_failed: int  # due and tried, but refused or did not take (a Ray node that stayed)
+    kills_skipped: int  # due, but the target was not running (or its Ray node not removable)
+    kills_failed: int  # due and tried, but did not take (a Ray node that stayed)
     kills_not_fired: int  # never due before the job's end
     status: str
     reason: str
@@ -299,15 +299,15 @@ class FaultCount:
     not_fired: list[str]
     thawed: int
     detected_freezes: int
-    failed: list[str] = field(default_factory=list)  # tried, refused or did not take
+    failed: list[str] = field(default_factory=list)  # tried, did not take
     removed: int = 0  # Ray nodes removed
 
 
 def count_faults(events: list[dict[str, Any]]) -> FaultCount:
     """Sort a run's `fault` events: fired (reason fault_injection), skipped (due, target not
-    running), failed (tried: refused, or the Ray node stayed), not fired (never due); frozen
-    nodes thawed unfound, and those found (a lost heartbeat of the incarnation a freeze hit);
-    Ray nodes removed."""
+    running, or its Ray node not removable), failed (tried: the Ray node stayed), not fired
+    (never due); frozen nodes thawed unfound, and those found (a lost heartbeat of the
+    incarnation a freeze hit); Ray nodes removed."""
     faults = [e for e in events if e["kind"] == "fault"]
     by_reason: dict[str, list[str]] = {}
     for e in faults:
@@ -419,12 +419,8 @@ def format_report(report: ChaosReport) -> str:
     lines = [
         f"== chaos report: job {report.job}, seed {report.seed}, faults by {report.trigger}",
         f"   faults: {report.kills_fired} fired of {report.kills_planned} planned; "
-        f"{report.kills_skipped} skipped (target not running), "
-        + (
-            f"{report.kills_failed} failed (refused, or did not take), "
-            if report.kills_failed
-            else ""
-        )
+        f"{report.kills_skipped} skipped (target not running, or its Ray node not removable), "
+        + (f"{report.kills_failed} failed (did not take), " if report.kills_failed else "")
         + f"{report.kills_not_fired} never due before the job's end",
         f"   job {report.status}" + (f": {report.reason}" if report.reason else ""),
         f"   records: {report.records_done:,}/{report.records_total:,} done, "

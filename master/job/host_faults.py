@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from master.nodes.model import Node
     from master.platform.api import Platform
 
-# The `fault` event reason of a fault that was due and tried but did not take: refused (a host
-# the job cannot go on without) or failed (the host did not go). Not counted as fired.
+# The `fault` event reason of a fault that was due and tried but did not take (the host did not
+# go). Not counted as fired. One the platform refuses (a host the job cannot go on without) is
+# skipped, as one whose target is not running.
 FAULT_FAILED = "fault_failed"
 
 
@@ -40,15 +41,16 @@ class HostRemovals:
         self._pending: list[_Removal] = []
 
     def start(self, fault: Fault, node: Node, global_step: int) -> bool:
-        """Start removing `node`'s host; False (said as a failed fault) if the platform refuses."""
+        """Start removing `node`'s host; False if the platform refuses (said as a skipped fault:
+        this target's host may not go, e.g. it also holds the master)."""
         try:
             removal = self._platform.remove_host(node.id)
         except PlatformError as e:
             self._emit(
                 "fault",
-                f"fault injection: {fault.describe()}: refused: {e}",
+                f"fault injection: {fault.describe()}: refused, skipped: {e}",
                 node,
-                FAULT_FAILED,
+                "skipped",
                 action=fault.action.value,
             )
             return False
