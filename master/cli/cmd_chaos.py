@@ -23,11 +23,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ch.add_argument("--seed", type=int, default=0, help="picks the targets (default 0)")
     ch.add_argument(
         "--actions",
-        default="kill",
+        default="",
         help="what a fault does, comma-separated: kill (SIGKILL), freeze (SIGSTOP: the "
         "heartbeat timeout must find it; workers and the chief only), node (the target's Ray node "
         "removed, every rank on it lost at once; --platform ray --ray-address only, at most as "
-        "many as the cluster can spare); default kill",
+        "many as the cluster can spare); default kill, and node too on --platform ray "
+        "--ray-address when the cluster can spare a Ray node",
     )
     ch.add_argument(
         "--kill",
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         spec = load_job_spec(args.job_yaml)
-        names = [a.strip() for a in args.actions.split(",") if a.strip()]
+        auto = not args.actions  # kill, and node where the Ray cluster can spare nodes
+        on_ray_cluster = args.platform == "ray" and bool(args.ray_address)
+        names = [a.strip() for a in (args.actions or "kill").split(",") if a.strip()]
         known = [a.value for a in ChaosAction]
         if not names or any(n not in known for n in names):
             raise ValueError(f"--actions {args.actions!r}: use one or more of {', '.join(known)}")
@@ -89,7 +92,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         given = given_plan(spec, args.kill, args.seed) if args.kill else None
         removes = ChaosAction.REMOVE_NODE in actions
         submit_args = _submit_args(args, given.removes_nodes if given else removes)
-        spare = _spare_ray_nodes(args, spec) if removes and not given else 0
+        spare = 0
+        if not given and (removes or (auto and on_ray_cluster)):
+            spare = _spare_ray_nodes(args, spec)
+            if auto and spare:
+                actions += (ChaosAction.REMOVE_NODE,)
         if not given:  # refuse a bad plan before any run
             plan_kills(spec, args.kills, args.seed, actions, spare_ray_nodes=spare)
     except (SpecError, ValueError) as e:  # FaultSpecError is a ValueError

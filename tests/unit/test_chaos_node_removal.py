@@ -206,3 +206,30 @@ def test_a_removal_that_does_not_take_is_failed_and_one_under_way_at_the_end_not
     injector.tick(lambda: JobProgress(0.0, 31.0, 0))
     injector.report_unfired(reports_progress=True)
     assert [(k, r) for k, r, _ in events if k == "fault"] == [("fault", "not_fired")]
+
+
+def test_on_a_ray_cluster_random_plans_remove_ray_nodes_by_default(tmp_path, monkeypatch, capsys):
+    from master.cli import chaos, chaos_ray
+
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\ncommand: [python, -c, pass]\nworker: {replicas: 2}\n")
+    nodes = [ClusterNode("h", 0.0, head=True), ClusterNode("a", 1.0), ClusterNode("b", 1.0)]
+    monkeypatch.setattr(chaos_ray, "survey", lambda address: (nodes, "h"))
+    plans = []
+
+    def run_chaos(job_yaml, spec, plan, out_dir, baseline, out, submit_args):
+        plans.append((plan, submit_args))
+        raise RuntimeError("not run here")
+
+    monkeypatch.setattr(chaos, "run_chaos", run_chaos)
+    ray = ["--platform", "ray", "--ray-address", "10.0.0.1:6379", "--by", "records"]
+    assert main(["chaos", str(job), "--kills", "12", "--seed", "1", *ray]) == 1
+    plan, submit_args = plans[-1]
+    assert submit_args == ("--platform", "ray", "--ray-address", "10.0.0.1:6379")
+    assert 0 < sum(k.endswith(":node") for k in plan.kills) <= 1  # one of two Ray nodes
+    assert "the job can lose 1 of them" in capsys.readouterr().out
+    # Asked for kills only, or on the local platform: no removal.
+    assert main(["chaos", str(job), "--kills", "12", "--actions", "kill", *ray]) == 1
+    assert not plans[-1][0].removes_nodes
+    assert main(["chaos", str(job), "--kills", "12", "--by", "records"]) == 1
+    assert not plans[-1][0].removes_nodes and plans[-1][1] == ("--platform", "local")
