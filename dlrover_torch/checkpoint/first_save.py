@@ -133,7 +133,8 @@ def reserve_hole_free(path: str, size: int) -> shm.SlotFile:
             ) from exc
         raise
     os.close(fd)
-    file = shm.SlotFile.open(path, writable=True)
+    # a save may be waiting for this mapping: populate it on every core
+    file = shm.SlotFile.open(path, writable=True, threads=os.cpu_count() or 1)
     if file is None:
         raise CapacityError(f"{path}: the slot file vanished while it was being reserved")
     return file

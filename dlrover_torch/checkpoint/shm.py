@@ -35,6 +35,8 @@ STATE_COMMITTED = 2
 
 # magic, state, reserved, seq, step, data_len, meta_off, meta_len, meta_crc, rank, world, saved_ns
 POPULATE_STEP_BYTES = 16 << 20
+RESERVE_STEP_BYTES = 256 << 20  # a background reservation's fallocate, between pauses
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 
 _HEADER = struct.Struct("<8sIIQqQQQIiiq")
 _STATE_OFFSET = 8
@@ -113,7 +115,7 @@ class SlotFile:
             current = os.fstat(fd).st_size
             size = max(size, current)
             if size > current:
-                _reserve(fd, path, current, size)
+                _reserve(fd, path, current, size, gate)
                 _first_touch(fd, current, size, gate)
             mm = _map_populated(fd, size, writable=True)
         except BaseException:
@@ -122,8 +124,9 @@ class SlotFile:
         return cls(path, fd, mm, size)
 
     @classmethod
-    def open(cls, path: str, writable: bool = False) -> SlotFile | None:
-        """Map an existing slot file; None when it does not exist or is empty."""
+    def open(cls, path: str, writable: bool = False, threads: int = 1) -> SlotFile | None:
+        """Map an existing slot file (populating it with ``threads`` threads); None when it
+        does not exist or is empty."""
         try:
             fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
@@ -133,7 +136,7 @@ class SlotFile:
             os.close(fd)
             return None
         try:
-            mm = _map_populated(fd, size, writable)
+            mm = _map_populated(fd, size, writable, threads)
         except BaseException:
             os.close(fd)
             raise
@@ -193,10 +196,41 @@ class SlotFile:
         os.close(self.fd)
 
 
-def _map_populated(fd: int, size: int, writable: bool) -> mmap.mmap:
-    """Map ``fd`` with every page present (no faults during a save)."""
+def _map_populated(fd: int, size: int, writable: bool, threads: int = 1) -> mmap.mmap:
+    """Map ``fd`` with every page present (no faults during a save); a writable mapping of
+    existing pages is populated by ``threads`` threads at once (page tables, not copies)."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    if threads > 1 and writable:
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+        try:
+            _populate_in_parallel(mm, size, threads)
+            return mm
+        except OSError:  # no MADV_POPULATE_WRITE before Linux 5.14
+            mm.close()
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
+
+
+def _populate_in_parallel(mm: mmap.mmap, size: int, threads: int) -> None:
+    """Fault in every page of ``mm`` for writing, one page-aligned range per thread."""
+    chunk = page_align(-(-size // threads))
+    errors: list[OSError] = []
+
+    def populate(start: int) -> None:
+        try:
+            mm.madvise(MADV_POPULATE_WRITE, start, min(chunk, size - start))
+        except OSError as exc:
+            errors.append(exc)
+
+    workers = [
+        threading.Thread(target=populate, args=(start,), name="ckpt-populate", daemon=True)
+        for start in range(0, size, chunk)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
 
 
 def _first_touch(fd: int, start: int, end: int, gate: threading.Event | None = None) -> None:
@@ -258,14 +292,24 @@ def peek(path: str, timeout: float) -> tuple[SlotHeader, bytes | None] | None:
         os.close(fd)  # also drops the lock
 
 
-def _reserve(fd: int, path: str, current: int, size: int) -> None:
-    """Grow ``fd`` to ``size`` with real pages, or fail with a message naming the shortfall."""
+def _reserve(
+    fd: int, path: str, current: int, size: int, gate: threading.Event | None = None
+) -> None:
+    """Grow ``fd`` to ``size`` with real pages, or fail with a message naming the shortfall;
+    with a ``gate``, in steps that wait for it."""
     needed = size - current
     free = shm_free_bytes(os.path.dirname(path))
     if needed > free:
         raise CapacityError(_capacity_message(path, needed, free))
+    step = needed if gate is None else RESERVE_STEP_BYTES
     try:
-        os.posix_fallocate(fd, current, needed)
+        offset = current
+        while offset < size:
+            if gate is not None:
+                gate.wait()
+            length = min(step, size - offset)
+            os.posix_fallocate(fd, offset, length)
+            offset += length
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             os.ftruncate(fd, current)
