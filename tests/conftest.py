@@ -15,10 +15,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # Under `pytest -n 2 --dist loadgroup` (what `make test` runs), the tests of one group run in
-# one worker, one at a time: the end-to-end jobs (each a machine's worth of processes) and the
-# Ray clusters, and the tests that sweep this user's shared memory (/dev/shm) machine-wide.
+# one worker, one at a time: the Ray clusters (two at once would share Ray's ports and this
+# user's Ray session dir), the other end-to-end jobs (each a machine's worth of processes), and
+# the tests that sweep this user's shared memory (/dev/shm) machine-wide. A path's first match
+# wins: a Ray end-to-end job is in `ray`.
 SERIAL_GROUPS = {
-    "heavy": ("tests/e2e/", "ray"),
+    "ray": ("ray",),
+    "e2e": ("tests/e2e/",),
     "shm": ("flash_checkpoint", "test_ckpt_", "torch_sharded", "torch_data"),
 }
 
