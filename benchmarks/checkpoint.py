@@ -20,6 +20,12 @@ when it is missing).
   memory save, then a spare process (torch already imported, as dlrover-run's spare workers
   are) or a cold new interpreter loads it.
 
+Every system's first save starts from cold memory, as a job's first checkpoint does: the state
+is built, then the benchmark waits ``--settle`` seconds (5) before the save. On a VM whose freed
+memory goes back to the host (virtio-balloon free page reporting, as here) memory freed in the
+last seconds is warm and memory freed earlier costs seconds per GiB to touch again, so without
+the wait whichever system runs right after another frees memory wins its first save.
+
 Ends with one JSON line. ``--sizes 0.5,1`` picks sizes; ``--json-only`` prints only the JSON.
 """
 
@@ -75,6 +81,7 @@ def first_save(size_gib: float, root: str) -> dict[str, Any]:
     res: dict[str, Any] = {"size_gib": size_gib, "tensor_bytes": state_bytes(state)}
     ck = Checkpointer(os.path.join(root, f"first-{size_gib}"))
     ck._service_process()  # its persister is up, as in a job whose first save comes later
+    time.sleep(ARGS.settle)
     res["first_save_no_prepare_s"] = timed(ck.save, 1, state, "memory")
     res["second_save_s"] = timed(ck.save, 2, state, "memory")
     warm = [timed(ck.save, step, state, "memory") for step in range(3, 3 + WARM_SAVES)]
@@ -86,6 +93,7 @@ def first_save(size_gib: float, root: str) -> dict[str, Any]:
     res["steady_save_median_s"] = statistics.median(steady)
     ck.close()
     tpath = os.path.join(root, "first-torch.pt")
+    time.sleep(ARGS.settle)
     saves = [torch_save(state, f"{tpath}.{i}", False) for i in range(2)]
     for i in range(2):
         os.unlink(f"{tpath}.{i}")
@@ -120,7 +128,7 @@ def dlrover_flash_save(size_gib: float, root: str, attempts: int = 2) -> dict[st
         return {"skipped": anchors.MISSING}
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [exe, os.path.join(here, "anchor_flash_save.py"), str(size_gib)]
-    cmd += [os.path.join(root, f"dlrover-{size_gib}"), str(2 + WARM_SAVES)]
+    cmd += [os.path.join(root, f"dlrover-{size_gib}"), str(2 + WARM_SAVES), str(ARGS.settle)]
     hung = 0
     for _ in range(attempts):
         out = _run_anchor(cmd)
@@ -482,6 +490,9 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also persistence and restore")
     parser.add_argument("--dir", default=None, help="scratch dir on the disk to measure")
     parser.add_argument("--json-only", action="store_true")
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds before each system's first save"
+    )
     parser.add_argument("--child-save", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-restore", help=argparse.SUPPRESS)
     parser.add_argument("--no-wait", action="store_true", help=argparse.SUPPRESS)
