@@ -29,10 +29,27 @@ import torch
 from dlrover_torch.checkpoint import shm
 from dlrover_torch.checkpoint.errors import CapacityError
 from dlrover_torch.checkpoint.layout import Layout
+from dlrover_torch.checkpoint.map_behind import WriteProgress, map_behind
 
 log = logging.getLogger(__name__)
 
 MAX_IOV = 512  # buffers per pwritev call (the kernel's IOV_MAX is 1024)
+PROGRESS_STEP_BYTES = 64 << 20  # written between two reports to the mapping thread
+
+
+def _batch(pending: list[memoryview], limit: int | None) -> list[memoryview]:
+    """The buffers of one pwritev call: at most MAX_IOV, and ``limit`` bytes when given."""
+    if limit is None:
+        return pending[:MAX_IOV]
+    out: list[memoryview] = []
+    room = limit
+    for buf in pending[:MAX_IOV]:
+        if len(buf) >= room:
+            out.append(buf[:room])
+            break
+        out.append(buf)
+        room -= len(buf)
+    return out
 
 
 def writable_by_pwrite(tensors: list[torch.Tensor]) -> bool:
@@ -46,15 +63,25 @@ def _host_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def _pwrite_all(fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
-    """Write ``buffers`` back to back at ``offset``; ENOSPC becomes a CapacityError."""
+def _pwrite_all(
+    fd: int,
+    path: str,
+    buffers: list[memoryview],
+    offset: int,
+    progress: WriteProgress | None = None,
+) -> None:
+    """Write ``buffers`` back to back at ``offset``, telling ``progress`` after each
+    ``PROGRESS_STEP_BYTES``; ENOSPC becomes a CapacityError."""
     pending = [b for b in buffers if len(b)]
+    limit = PROGRESS_STEP_BYTES if progress is not None else None
     try:
         while pending:
-            done = os.pwritev(fd, pending[:MAX_IOV], offset)
+            done = os.pwritev(fd, _batch(pending, limit), offset)
             if done <= 0:
                 raise OSError(errno.ENOSPC, "pwritev wrote nothing")
             offset += done
+            if progress is not None:
+                progress.advance(offset)
             while done:  # drop what was written; a short write resumes mid-buffer
                 head = pending[0]
                 if done >= len(head):
@@ -80,8 +107,10 @@ def write_slot(
     tensors: list[torch.Tensor],
     header: shm.SlotHeader,
     meta: bytes,
+    progress: WriteProgress | None = None,
 ) -> None:
-    """Create slot file ``path`` of ``size`` bytes (sparse) and commit one save into it."""
+    """Create slot file ``path`` of ``size`` bytes (sparse) and commit one save into it,
+    telling ``progress`` how far the written bytes go (and, at the end, whether it worked)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # readers (the agent's persister) wait for the commit
@@ -92,6 +121,8 @@ def write_slot(
         os.ftruncate(fd, size)
         writing = shm.SlotHeader(shm.STATE_WRITING, 0, -1, 0, 0, 0, 0, 0, 0, 0)
         os.pwrite(fd, writing.pack(), 0)
+        if progress is not None:
+            progress.advance(shm.HEADER_BYTES)
         runs: list[tuple[int, list[memoryview]]] = []  # contiguous extents, written together
         for ext, tensor in zip(layout.extents, tensors, strict=True):
             if not ext.nbytes:
@@ -104,8 +135,8 @@ def write_slot(
             else:
                 runs.append((offset, [buf]))
         for offset, buffers in runs:
-            _pwrite_all(fd, path, buffers, offset)
-        _pwrite_all(fd, path, [memoryview(meta)], header.meta_off)
+            _pwrite_all(fd, path, buffers, offset, progress)
+        _pwrite_all(fd, path, [memoryview(meta)], header.meta_off, progress)
         header.meta_len = len(meta)
         header.meta_crc = zlib.crc32(meta)
         committed = header.state
@@ -114,9 +145,13 @@ def write_slot(
         os.pwrite(fd, struct.pack("<I", committed), 8)  # the state flips last
     except BaseException:
         os.ftruncate(fd, 0)  # an empty file is never loaded
+        if progress is not None:
+            progress.finish(ok=False)
         raise
     finally:
         os.close(fd)  # also releases the lock
+    if progress is not None:
+        progress.finish(ok=True)
 
 
 def reserve_hole_free(path: str, size: int) -> shm.SlotFile:
@@ -144,10 +179,13 @@ class SlotReservation:
     """Reserves and maps every slot of a rank in a background thread, the written slot first;
     a save may copy into a slot already mapped, and pauses the rest meanwhile."""
 
-    def __init__(self, paths: list[str], size: int, written: int) -> None:
+    def __init__(
+        self, paths: list[str], size: int, written: int, progress: WriteProgress | None = None
+    ) -> None:
         self.paths = paths
         self.size = size
-        self.written = written  # the slot the first save wrote (its pages partly exist)
+        self.written = written  # the slot the first save writes (its pages partly exist)
+        self.progress = progress  # that save's writes, when it is still writing
         self._mapped: dict[int, shm.SlotFile] = {}
         self._files: list[shm.SlotFile] | None = None
         self._error: BaseException | None = None
@@ -162,7 +200,9 @@ class SlotReservation:
         order = [self.written] + [i for i in range(len(self.paths)) if i != self.written]
         try:
             for i in order:
-                if i == self.written:
+                if i == self.written and self.progress is not None:
+                    file = map_behind(self.paths[i], self.size, self.progress)
+                elif i == self.written:
                     file = reserve_hole_free(self.paths[i], self.size)
                 else:
                     file = shm.SlotFile.create(self.paths[i], self.size, gate=self._may_touch)
@@ -208,6 +248,14 @@ class SlotReservation:
             yield
         finally:
             self._may_touch.set()
+
+    def abandon(self) -> None:
+        """The first save failed: let the thread end (it maps nothing, creates no slot)."""
+        self._may_touch.set()
+        self._thread.join()
+        written = self._mapped.pop(self.written, None)
+        if written is not None:
+            written.close()
 
     def result(self) -> list[shm.SlotFile]:
         """Wait for the thread; the mapped slot files, or the error it met."""

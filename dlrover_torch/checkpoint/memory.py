@@ -25,6 +25,7 @@ from dlrover_torch.checkpoint.layout import (
     rebuild,
     tensor_view,
 )
+from dlrover_torch.checkpoint.map_behind import WriteProgress
 
 log = logging.getLogger(__name__)
 
@@ -229,16 +230,25 @@ class MemoryStore:
     def write_first(
         self, layout: Layout, tensors: list[torch.Tensor], meta: bytes, step: int
     ) -> tuple[int, int]:
-        """Write and commit slot 0 by ``pwrite`` (reserving only what it writes), then reserve
-        and map every slot in the background; returns ``(slot index, seq)``."""
+        """Write and commit slot 0 by ``pwrite`` (reserving only what it writes) while a thread
+        maps it behind the writes, then reserves and maps the other slots; returns ``(slot
+        index, seq)``."""
         data_cap, meta_cap = self._caps(layout.data_bytes, len(meta))
         size = shm.HEADER_BYTES + data_cap + meta_cap
-        self.seq += 1
         header = self._header(layout, step, data_cap)
-        write_slot(self.paths[0], size, layout, tensors, header, meta)
+        header.seq = self.seq + 1
+        progress = WriteProgress()
+        reservation = SlotReservation(self.paths, size, written=0, progress=progress)
+        try:
+            write_slot(self.paths[0], size, layout, tensors, header, meta, progress)
+        except BaseException:
+            progress.finish(ok=False)  # also when the write never began
+            reservation.abandon()
+            raise
+        self.seq += 1
         self._data_cap, self._meta_cap = data_cap, meta_cap
         self.latest_index = 0
-        self._reservation = SlotReservation(self.paths, size, written=0)
+        self._reservation = reservation
         return 0, self.seq
 
     def rewrite_first(

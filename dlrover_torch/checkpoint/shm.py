@@ -215,14 +215,15 @@ def _populate_in_parallel(mm: mmap.mmap, size: int, threads: int) -> None:
     chunk = page_align(-(-size // threads))
     errors: list[OSError] = []
 
-    def populate(start: int) -> None:
+    def run(start: int) -> None:
         try:
-            mm.madvise(MADV_POPULATE_WRITE, start, min(chunk, size - start))
+            if not populate(mm, start, min(chunk, size - start)):
+                errors.append(OSError(errno.EINVAL, "MADV_POPULATE_WRITE not supported"))
         except OSError as exc:
             errors.append(exc)
 
     workers = [
-        threading.Thread(target=populate, args=(start,), name="ckpt-populate", daemon=True)
+        threading.Thread(target=run, args=(start,), name="ckpt-populate", daemon=True)
         for start in range(0, size, chunk)
     ]
     for w in workers:
@@ -231,6 +232,18 @@ def _populate_in_parallel(mm: mmap.mmap, size: int, threads: int) -> None:
         w.join()
     if errors:
         raise errors[0]
+
+
+def populate(mm: mmap.mmap, start: int, length: int) -> bool:
+    """Fault in pages ``[start, start + length)`` of ``mm`` for writing (``start`` page-aligned);
+    False on a kernel without MADV_POPULATE_WRITE (before Linux 5.14)."""
+    try:
+        mm.madvise(MADV_POPULATE_WRITE, start, length)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    return True
 
 
 def _first_touch(fd: int, start: int, end: int, gate: threading.Event | None = None) -> None:
