@@ -51,6 +51,12 @@ class Cluster:
         self.version += 1
         return True
 
+    def refresh_running(self) -> list[tuple[str, int]]:
+        """Ask the platform again for the address of every rank that runs, after a host was
+        lost: the ranks that moved (every one the host held, whichever end is seen first)."""
+        ranks = [k for k in self._addresses if k[1] < self._replicas.get(k[0], 0)]
+        return [key for key in sorted(ranks) if self.refresh(*key)]
+
     @property
     def addresses(self) -> dict[tuple[str, int], str]:
         """Every address handed out so far (a copy), for the runtime record."""

@@ -163,7 +163,7 @@ class Relaunch:
     """A new incarnation of the ended node's rank, and how its event tells it."""
 
     start: NodeStart
-    uses_budget: bool  # False: a coordinator restarted after a PS loss
+    uses_budget: bool  # False: a coordinator restarted after a PS loss, a PS after a move
     may_promote_standby: bool
     message: str  # the relaunch event's message, before ": <name> is now id <id>"
     reason: str  # the relaunch event's reason
@@ -221,6 +221,18 @@ def plan_exit(
             reason="ps_lost",
         )
         return ExitPlan(diagnosis, failed, cause, False, recovery, restart, relaunch)
+    if node.restart_for_move and not (training_done or job_ended):
+        # Killed by the master so it takes the moved trainers' new addresses: a PS failure
+        # (the data follows the model back), its standby may take over, no budget is used.
+        why = f"restarted with the new cluster spec after {node.restart_for_move} moved"
+        relaunch = Relaunch(
+            NodeStart(node.type, node.rank, node.relaunches),
+            uses_budget=False,
+            may_promote_standby=True,
+            message=f"{node.name} {why} (no budget used)",
+            reason="peer_moved",
+        )
+        return ExitPlan(diagnosis, failed, why, False, recovery, restart, relaunch)
     decision = relaunch_decision(
         node, diagnosis, spec, job_relaunches_used, training_done, job_ended
     )

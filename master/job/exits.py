@@ -21,6 +21,7 @@ from master.job.exit_plan import (
     plan_exit,
 )
 from master.job.lifecycle import NodeLifecycle
+from master.job.moves import plan_move_restarts
 from master.job.ps_change import PSChanges
 from master.job.ps_standby import StandbyKeeper
 from master.job.recovery_timeline import PS_FAILURE, RecoveryPhase, RecoveryTracker
@@ -125,11 +126,9 @@ class ExitHandler:
         if node is None:
             return
         requeued = sum(self._sharding.retire(node.id).values())
-        # Lost with its host: the rank goes where the platform still has room (a new address
-        # on a cluster of hosts), and a PS's new address is in the TF cluster from now on.
-        moved = diagnosis.reason == ExitReason.NODE_LOST and self._lifecycle.relocate(
-            node.type, node.rank
-        )
+        # Lost with its host: its rank, and every other the host held, go where the platform
+        # still has room (new addresses on a cluster of hosts), in the TF cluster from now on.
+        moved = self._lifecycle.relocate() if diagnosis.reason == ExitReason.NODE_LOST else []
         if diagnosis.reason not in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.
             self._rendezvous.node_died((node.type, node.rank), node.id)
@@ -150,8 +149,8 @@ class ExitHandler:
             job_ended=self._job_ended(),
         )
         self._apply(plan, node, event, seen, requeued)
-        if moved and node.type == "ps" and plan.relaunch is not None:
-            self._restart_for_moved_ps(node)
+        if moved and plan.relaunch is not None:
+            self._restart_for_moves(moved)
 
     def _apply(
         self, plan: ExitPlan, node: Node, event: NodeEvent, seen: float, requeued: int
@@ -228,24 +227,24 @@ class ExitHandler:
             **({"cause": plan.cause} if plan.cause else {}),
         )
 
-    def _restart_for_moved_ps(self, ps: Node) -> None:
-        """A PS relaunched at a new address (its host was lost): a TF server cannot join a new
-        cluster in process, so the chief and workers restart with the new TF_CONFIG and
-        restore the latest checkpoint (no relaunch budget used)."""
-        trainers = [
-            n
-            for n in self._nodes.all_current()
-            if n.type in ("chief", "worker") and not n.state.ended and not n.coordinator_restart
-        ]
+    def _restart_for_moves(self, moved: list[tuple[str, int]]) -> None:
+        """Ranks moved to new addresses: a TF server cannot join a new cluster in process, so
+        the peers that dial them restart with the new TF_CONFIG (master.job.moves), without
+        using a relaunch. For a moved PS the chief and workers restore the latest checkpoint;
+        for a moved chief or worker every PS restarts, as in a PS failure."""
+        plan = plan_move_restarts(moved, self._nodes.all_current(), self._training_done())
+        what = ", ".join(f"{t}-{r}" for t, r in moved)
+        for node in plan.trainers:
+            node.coordinator_restart = True
+        for node in plan.ps:
+            node.restart_for_move = plan.moved_trainers
+        restarted = [*plan.trainers, *plan.ps]
         log.info(
             "%s moved to a new address: restarting %s with the new cluster spec",
-            ps.name,
-            ", ".join(n.name for n in trainers) or "no trainer",
+            what,
+            ", ".join(n.name for n in restarted) or "nothing",
         )
-        for node in trainers:
-            node.coordinator_restart = True
-            # One the platform no longer runs went with the same host: its own end (NodeLost)
-            # is queued and relaunches it, moved, with the new spec.
+        for node in restarted:
             self._lifecycle.signal_kill(node)
 
     def _restart_coordinator(self, ps: Node, chief_id: int) -> None:

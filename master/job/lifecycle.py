@@ -70,10 +70,10 @@ class NodeLifecycle:
         )
         return node
 
-    def relocate(self, node_type: str, rank: int) -> bool:
-        """After a rank's host was lost: its address anew from the platform; True when it
-        moved (the TF cluster spec changed)."""
-        return self._cluster.refresh(node_type, rank)
+    def relocate(self) -> list[tuple[str, int]]:
+        """After a host was lost: every running rank's address anew from the platform; the
+        (type, rank)s that moved (the TF cluster spec changed)."""
+        return self._cluster.refresh_running()
 
     def adopt(self, node: Node) -> None:
         """Take over a node a previous master instance started (it keeps running)."""

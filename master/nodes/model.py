@@ -128,6 +128,9 @@ class Node:
     # The master kills this chief (a TF2 coordinator) after a PS loss and starts it again
     # without using a relaunch.
     coordinator_restart: bool = False
+    # The master kills this PS and starts it again, without using a relaunch, so that it takes
+    # the new address of these moved trainers (e.g. "worker-1"; master.job.moves).
+    restart_for_move: str = ""
 
     @property
     def name(self) -> str:

@@ -11,9 +11,9 @@ FAKE_SLOW_RANK=R:SECONDS[:once] (worker R sleeps that long per step: a straggler
 `once`, only its first incarnation), FAKE_PS_SECONDS (after its own FAKE_STEP_SECONDS, each
 step holds a lock shared by all trainers this long, like a PS serving one update at a time:
 throughput grows with trainers up to (step + ps) / ps of them, then stays flat). Run as a PS
-(`ps: {command: [python, fake_trainer.py]}`) it serves nothing and waits to be stopped;
-FAKE_PS_OOM_ONCE makes the first PS incarnation die of a MemoryError (workers wait for a PS
-that serves).
+(`ps: {command: [python, fake_trainer.py]}`) it prints its TF_CONFIG, serves nothing and waits
+to be stopped; FAKE_PS_OOM_ONCE makes the first PS incarnation die of a MemoryError (workers
+wait for a PS that serves).
 """
 
 import fcntl
@@ -42,6 +42,8 @@ def fake_ps(ids_dir: str) -> int:
         print("Traceback (most recent call last):\nMemoryError: fake PS out of memory", flush=True)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The cluster spec its TF server would serve, for tests of who takes a new one.
+    print("TF_CONFIG", os.environ.get("TF_CONFIG", ""), flush=True)
     _first_to(ids_dir, "ps-ready")
     while True:
         time.sleep(3600)

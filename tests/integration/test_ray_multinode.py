@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import os
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from tests.integration.ray_cluster import (
     ray_cluster,
 )
 from tests.integration.test_local_job import (
+    HERE,
     _wait_for_node_process,
     start_submit,
     trained_counts,
@@ -29,6 +31,7 @@ from tests.integration.test_local_job import (
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 
 MARKER = "DLROVER_RAY_MULTINODE_MARKER"
+SHARD = 64  # records per shard of the job that loses a worker's Ray node
 SLEEPER = "print('node', 'ready', flush=True); import time; time.sleep(120)"
 # Ray marks a SIGKILLed raylet's node dead after its health checks miss; the node's end is
 # reported at that moment. Generous for a loaded 2-core machine.
@@ -148,13 +151,22 @@ def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
 def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     """`dlrover submit --platform ray` on the cluster: the Ray node running worker-1 goes
     mid-job. Ray tells the master (long before the heartbeat timeout), worker-1 is relaunched
-    on a Ray node left, and every record is trained."""
+    on a Ray node left at a new address, ps-0 (which dials it) restarts with the new cluster
+    spec as a PS failure without using the relaunch budget, and every record is trained."""
     import json
 
     cluster.top_up(3)
     step = 0.04
     # A heartbeat timeout far beyond the test: the loss can only be learned from Ray.
-    job = write_job(tmp_path, env={"FAKE_STEP_SECONDS": str(step)}, heartbeat_timeout_seconds=600)
+    fake = ["python", os.path.join(HERE, "fake_trainer.py")]
+    job = write_job(
+        tmp_path,
+        # Small shards: those the trainers hold when the data goes back are trained on (their
+        # reports then refused as stale), as a program that reports no restores does.
+        env={"FAKE_STEP_SECONDS": str(step), "FAKE_RECORDS_PER_SHARD": str(SHARD)},
+        heartbeat_timeout_seconds=600,
+        ps={"replicas": 1, "command": fake},
+    )
     run_dir = tmp_path / "run"
     p = start_submit(
         job, tmp_path, "--platform", "ray", "--ray-address", cluster.address,
@@ -192,11 +204,44 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     assert len(logs) == 2, logs
     new_log = next(f for f in logs if f.endswith(f".{relaunched['node_id']}.log"))
     assert cluster.node_of_log(new_log) in cluster.alive()
+    # worker-1's new address is in the cluster spec of ps-0's new incarnation, not its first.
+    w1_address = relaunched["message"].rsplit(" at ", 1)[1]
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert [n["exit_reason"] for n in ps[:1]] == ["killed"] and len(ps) == 2, ps
+    ps_logs = [run_dir / "logs" / f"ps-0.{n['id']}.log" for n in ps]
+    # The placement spreads the 3 nodes over the 3 Ray nodes: ps-0 stayed where it was.
+    assert cluster.node_of_log(str(ps_logs[0])) == cluster.node_of_log(str(ps_logs[1]))
+    specs = [_ps_cluster(path) for path in ps_logs]
+    assert w1_address not in specs[0]["worker"] and specs[1]["worker"][1] == w1_address, specs
+    # Restarted as a PS failure, why said, no budget charged (only worker-1's relaunch).
+    restart = next(e for e in events if e["kind"] == "relaunch" and _is(e, "ps", 0))
+    assert restart["reason"] == "peer_moved", restart
+    assert "new cluster spec after worker-1 moved" in restart["message"], restart
+    assert "job_relaunches" not in restart["details"], restart
+    budget = [e["details"]["job_relaunches"] for e in events if e["kind"] == "relaunch"
+              and "job_relaunches" in e["details"]]  # fmt: skip
+    assert budget == [1], budget
     counts = trained_counts(tmp_path)
-    assert counts.min() == 2  # no record lost
-    # Trained twice at most: what the lost node's position file held (its coalesced reports,
-    # about a second of steps) and the batch in flight.
-    assert int((counts - 2).sum()) <= 16 * (int(1.5 / step) + 2)
+    assert counts.min() >= 2  # no record lost
+    # Trained again at most: what the rollback to the last checkpoint redoes (the PS lost its
+    # variables; this job writes none, so back to the start), the shards the 2 trainers held
+    # then (a shard and the next one asked for each), what the lost node's position file held
+    # (its coalesced reports, about a second of steps) and the batch in flight.
+    redo = sum(e["details"].get("records_to_redo", 0) for e in events if e["kind"] == "rollback")
+    assert redo > 0, [e["kind"] for e in events]
+    extra = int((counts - 2).sum())
+    print(f"records trained again: {extra}, of which the rollback redoes {redo}")
+    assert extra <= redo + 2 * 2 * SHARD + 16 * (int(1.5 / step) + 2), (extra, redo)
+
+
+def _ps_cluster(log_path) -> dict:
+    """The TF cluster a fake PS incarnation was started with (it prints its TF_CONFIG)."""
+    import json
+
+    for line in _read(str(log_path)).splitlines():
+        if line.startswith("TF_CONFIG "):
+            return json.loads(line.split(" ", 1)[1])["cluster"]
+    raise AssertionError(f"no TF_CONFIG in {log_path}")
 
 
 def _is(event: dict, node_type: str, rank: int) -> bool:
