@@ -1,6 +1,8 @@
-"""The TF example on a multi-node Ray cluster loses the Ray node holding ps-0 (and its standby),
-removed by `dlrover chaos` with a freeze and a kill mixed in: Ray tells the master, ps-0 comes
-back on a Ray node left, the trainers restart with the new cluster spec, and no record is lost."""
+"""The TF example on a multi-node Ray cluster loses a Ray node, removed by `dlrover chaos`: the
+one holding ps-0 (and its standby), with a freeze and a kill mixed in (ps-0 comes back on a Ray
+node left, the trainers restart with the new cluster spec), or the one holding worker-1 (it
+comes back elsewhere, ps-0 restarts with its new address, and it trains again). Ray tells the
+master, the job succeeds, and no record is lost."""
 
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A Ray node for each of the example's 4 nodes (the placement spreads them), and a spare."""
+    with ray_cluster(worker_nodes=4, cpus_per_node=1) as c:
+        yield c
+
+
 def _events(run_dir) -> list[dict]:
     try:
         text = (run_dir / "events.jsonl").read_text()
@@ -52,65 +61,94 @@ def _records_between(ids, start: float, end: float) -> int:
 
 # The chaos mixed into the job, by `dlrover chaos`: the chief paused briefly (thawed before its
 # heartbeat timeout: never killed), worker-0 SIGKILLed, then the Ray node of ps-0 removed (its
-# raylet and every process under it SIGKILLed by ps-0's node actor). The removal comes last: a
-# trainer moved off a lost Ray node is not reached by the PS again (the PS's cluster spec keeps
-# its old address), so a later fault aimed at it would wait for a step that never comes.
+# raylet and every process under it SIGKILLed by ps-0's node actor).
 CHAOS = ("chief:0@30%:freeze=3s", "worker:0@50%", "ps:0@70%:node")
 
 
-def test_tf_job_loses_the_ray_node_of_ps_0_and_no_record(tmp_path):
-    """`dlrover chaos --kill ...` on the TF example on a multi-node Ray cluster: the Ray node
-    of ps-0 removed, a freeze and a kill mixed in; each fault fires, the job succeeds."""
-    records = 2 * RECORDS  # 750 steps, a checkpoint every 100
+def _run_chaos(tmp_path, cluster, records: int, chaos: tuple[str, ...]):
+    """`dlrover chaos --kill ...` on the TF example on the Ray cluster (a checkpoint every 100
+    steps); returns (the chaos report, the job's summary, its events, run dir, ids folder)."""
     ids = write_job(tmp_path, records=records, args=_checkpoint_every(100))
     out_dir = tmp_path / "chaos"
     run_dir = out_dir / "chaos"  # `dlrover chaos` runs the job there
-    with ray_cluster(worker_nodes=3, cpus_per_node=1) as cluster:
-        cmd = [sys.executable, "-m", "master.cli", "chaos", str(tmp_path / "job.yaml")]
-        cmd += ["--platform", "ray", "--ray-address", cluster.address, "--by", "records"]
-        cmd += ["--out-dir", str(out_dir), "--report", str(tmp_path / "report.json")]
-        cmd += [arg for kill in CHAOS for arg in ("--kill", kill)]
-        with open(tmp_path / "chaos.log", "w+") as log:
-            # Its own session: on a timeout the job (chaos, submit, master) is interrupted whole.
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
-            try:
-                proc.wait(timeout=240)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGINT)
-                    proc.wait(timeout=60)
-            log.seek(0)
-            out = log.read()[-6000:]
-        assert proc.returncode == 0, out
-        report = json.loads((tmp_path / "report.json").read_text())
-        assert (report["kills_planned"], report["kills_fired"]) == (3, 3), report
-        assert report["status"] == "succeeded" and report["records_missing"] == 0, report
-        assert report["ray_nodes_removed"] == 1 and report["freezes_thawed"] == 1, report
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
-        ps = [n for n in summary["nodes"] if n["type"] == "ps"]
-        assert ps[0]["exit_reason"] == "node_lost", ps
-        assert len(ps) == 2, ps
-        events = _events(run_dir)
-        fired = {
-            e["details"]["action"]: e
-            for e in events
-            if e["kind"] == "fault" and e["reason"] == "fault_injection"
-        }
-        assert set(fired) == {"node", "freeze", "kill"}, [e["message"] for e in fired.values()]
-        removal = fired["node"]["details"]
-        removed = removal["raylet_killed_at"]
-        ps_node = cluster.node_of_log(str(run_dir / "logs" / "ps-0.1.log"))
-        assert cluster.node_id(ps_node) == removal["ray_node"], removal
-        cluster.removed.append(ps_node)
-        relaunched = next(
-            e for e in events if e["kind"] == "node_running" and e["node_type"] == "ps"
-            and e["node_id"] == ps[1]["id"]
-        )  # fmt: skip
-        new_ps = cluster.node_of_log(str(run_dir / "logs" / f"ps-0.{ps[1]['id']}.log"))
-        assert new_ps in cluster.alive() and new_ps != ps_node, relaunched
+    cmd = [sys.executable, "-m", "master.cli", "chaos", str(tmp_path / "job.yaml")]
+    cmd += ["--platform", "ray", "--ray-address", cluster.address, "--by", "records"]
+    cmd += ["--out-dir", str(out_dir), "--report", str(tmp_path / "report.json")]
+    cmd += [arg for kill in chaos for arg in ("--kill", kill)]
+    with open(tmp_path / "chaos.log", "w+") as log:
+        # Its own session: on a timeout the job (chaos, submit, master) is interrupted whole.
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=60)
+        log.seek(0)
+        out = log.read()[-6000:]
+    assert proc.returncode == 0, out
+    report = json.loads((tmp_path / "report.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return report, summary, _events(run_dir), run_dir, ids
+
+
+def _removal(cluster, events: list[dict], run_dir, log_name: str) -> dict:
+    """The Ray node removal chaos did (the node that ran `log_name` is now gone); the test
+    cluster forgets that node (what is left of it ends), so it can be topped up again."""
+    fired = [e for e in events if e["kind"] == "fault" and e["reason"] == "fault_injection"]
+    removal = next(e["details"] for e in fired if e["details"]["action"] == "node")
+    lost = cluster.node_of_log(str(run_dir / "logs" / log_name))
+    assert cluster.node_id(lost) == removal["ray_node"], removal
+    cluster.remove(lost)
+    return removal
+
+
+def _check_records(ids, records: int, events: list[dict], removed: float, detected: float):
+    """No record lost. Trained twice: what the rollback to the restored checkpoint redoes, the
+    batch each restarted trainer had in flight, and the steps a trainer on the lost Ray node
+    took since its last coalesced report (its position file went with the node: up to
+    COALESCE_SECONDS of steps)."""
+    rollback = [e for e in events if e["kind"] == "rollback"]
+    redo = sum(e["details"].get("records_to_redo", 0) for e in rollback)
+    unreported = _records_between(ids, removed - COALESCE_SECONDS - 0.5, removed + detected + 0.5)
+    files = list(ids.glob("trained.*.ids"))
+    counts = np.bincount(
+        np.concatenate([np.fromfile(f, dtype=np.int64) for f in files]), minlength=records
+    )
+    assert counts.min() == EPOCHS, int((counts < EPOCHS).sum())
+    extra = int((counts - EPOCHS).sum())
+    # And the batch a killed worker had in flight (a brief freeze redoes nothing).
+    assert extra <= redo + unreported + 5 * BATCH, (extra, redo, unreported, rollback)
+
+
+def test_tf_job_loses_the_ray_node_of_ps_0_and_no_record(tmp_path, cluster):
+    """`dlrover chaos --kill ...` on the TF example on a multi-node Ray cluster: the Ray node
+    of ps-0 removed, a freeze and a kill mixed in; each fault fires, the job succeeds."""
+    cluster.top_up(4)
+    records = 2 * RECORDS  # 750 steps, a checkpoint every 100
+    report, summary, events, run_dir, ids = _run_chaos(tmp_path, cluster, records, CHAOS)
+    assert (report["kills_planned"], report["kills_fired"]) == (3, 3), report
+    assert report["status"] == "succeeded" and report["records_missing"] == 0, report
+    assert report["ray_nodes_removed"] == 1 and report["freezes_thawed"] == 1, report
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert ps[0]["exit_reason"] == "node_lost", ps
+    assert len(ps) == 2, ps
+    fired = {
+        e["details"]["action"]: e
+        for e in events
+        if e["kind"] == "fault" and e["reason"] == "fault_injection"
+    }
+    assert set(fired) == {"node", "freeze", "kill"}, [e["message"] for e in fired.values()]
+    removed = _removal(cluster, events, run_dir, "ps-0.1.log")["raylet_killed_at"]
+    relaunched = next(
+        e for e in events if e["kind"] == "node_running" and e["node_type"] == "ps"
+        and e["node_id"] == ps[1]["id"]
+    )  # fmt: skip
+    new_ps = cluster.node_of_log(str(run_dir / "logs" / f"ps-0.{ps[1]['id']}.log"))
+    assert new_ps in cluster.alive(), relaunched
     print(f"dlrover chaos: {', '.join(report['kills'])}")
     # The recovery, from the removal of the Ray node: detected (Ray's health checks mark it dead),
     # the PS started and serving elsewhere, the trainers restarted, the first step.
@@ -121,20 +159,47 @@ def test_tf_job_loses_the_ray_node_of_ps_0_and_no_record(tmp_path):
     assert {"detected", "ps_started", "first_step"} <= set(phases), details
     print(f"Ray node of ps-0 removed: {json.dumps({p: round(s, 2) for p, s in phases.items()})}")
     assert phases["detected"] < 10.0, phases
-    # No record lost. Trained twice: what the rollback to the restored checkpoint redoes, the
-    # batch each restarted trainer had in flight, and the steps a trainer on the lost Ray node
-    # took since its last coalesced report (its position file went with the node: up to
-    # COALESCE_SECONDS of steps).
-    rollback = [e for e in events if e["kind"] == "rollback"]
-    redo = sum(e["details"].get("records_to_redo", 0) for e in rollback)
-    unreported = _records_between(
-        ids, removed - COALESCE_SECONDS - 0.5, removed + phases["detected"] + 0.5
+    _check_records(ids, records, events, removed, phases["detected"])
+
+
+def test_tf_job_loses_the_ray_node_of_a_worker_which_trains_again_after_its_move(tmp_path, cluster):
+    """The Ray node of worker-1 alone removed: worker-1 comes back on another Ray node at a
+    new address; ps-0, which pulls worker-1's tensors by the address in its own cluster spec,
+    restarts with the new spec (a PS failure, no relaunch budget used), and worker-1 trains
+    again."""
+    cluster.top_up(4)
+    # 1,500 steps (60 to 75 a second here), a checkpoint every 100: the relaunched worker-1
+    # has loaded TensorFlow, built its graph and has a session about 16 s after its launch
+    # here (with both cores busy), and about 10 s of steps are left then.
+    records = 4 * RECORDS
+    report, summary, events, run_dir, ids = _run_chaos(
+        tmp_path, cluster, records, ("worker:1@10%:node",)
     )
-    files = list(ids.glob("trained.*.ids"))
-    counts = np.bincount(
-        np.concatenate([np.fromfile(f, dtype=np.int64) for f in files]), minlength=records
-    )
-    assert counts.min() == EPOCHS, int((counts < EPOCHS).sum())
-    extra = int((counts - EPOCHS).sum())
-    # And the batch the killed worker had in flight (the brief freeze redoes nothing).
-    assert extra <= redo + unreported + 5 * BATCH, (extra, redo, unreported, rollback)
+    assert (report["kills_planned"], report["kills_fired"]) == (1, 1), report
+    assert report["status"] == "succeeded" and report["records_missing"] == 0, report
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
+    w1 = [n for n in summary["nodes"] if (n["type"], n["rank"]) == ("worker", 1)]
+    assert w1[0]["exit_reason"] == "node_lost" and len(w1) == 2, w1
+    removal = _removal(cluster, events, run_dir, f"worker-1.{w1[0]['id']}.log")
+    removed = removal["raylet_killed_at"]
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert ps[0]["exit_reason"] == "killed" and len(ps) == 2, ps  # its Ray node stayed
+    restart = next(e for e in events if e["kind"] == "relaunch" and e["node_type"] == "ps")
+    assert restart["reason"] == "peer_moved", restart
+    assert "after worker-1 moved (no budget used)" in restart["message"], restart
+    assert "job_relaunches" not in restart["details"], restart
+    budget = [e["details"].get("job_relaunches") for e in events if e["kind"] == "relaunch"]
+    assert [b for b in budget if b is not None] == [1], budget  # worker-1's relaunch only
+    # worker-1's new incarnation trains: steps that ended after the move.
+    steps = sorted(ids.glob("trained.worker.1.*.ids.steps"))
+    assert len(steps) == 2, steps
+    after = [
+        int((np.fromfile(p, dtype="<i8").reshape(-1, 3)[:, 2] / 1e6 > removed).sum()) for p in steps
+    ]
+    print(f"Ray node of worker-1 removed: worker-1's steps after it, per incarnation: {after}")
+    assert max(after) >= 5, after
+    detected = next(
+        e["time"] for e in events if e["kind"] == "node_failed" and e["node_type"] == "worker"
+        and e["node_rank"] == 1
+    ) - removed  # fmt: skip
+    _check_records(ids, records, events, removed, detected)
