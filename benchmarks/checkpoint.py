@@ -531,6 +531,11 @@ def main() -> None:
             if all("first_vs_dlrover_first" in r for r in firsts)
             else None  # DLRover not measured
         ),
+        "second_save_at_most_dlrover_second": (
+            all(r["second_save_s"] <= r["dlrover"]["second_save_s"] for r in firsts)
+            if all(r["dlrover"].get("second_save_s") for r in firsts)
+            else None
+        ),
     }
     if results:
         targets.update(
