@@ -203,7 +203,9 @@ def plan_exit(
     job's state: PS losses by name (monotonic `now`), whether a PS change claims the node, the
     running TF2 coordinator's id (None: none), the budgets used. Pure."""
     failed = not ended_cleanly(diagnosis.reason)
-    cause = ps_loss_cause(node, ps_losses, now) if failed else ""
+    # A node lost with its host has its cause: the host, not a PS lost meanwhile.
+    lost_host = diagnosis.reason == ExitReason.NODE_LOST
+    cause = ps_loss_cause(node, ps_losses, now) if failed and not lost_host else ""
     if cause:  # not its own code's fault: a relaunch can help
         diagnosis = dataclasses.replace(diagnosis, deterministic=False)
     if to_ps_change:

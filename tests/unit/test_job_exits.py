@@ -264,6 +264,14 @@ def test_plan_restarts_a_coordinator_without_budget_and_a_ps_loss_is_not_its_fau
     assert plan.relaunch.reason == "ps_lost" and not plan.fail_job
 
 
+def test_a_node_lost_with_its_host_is_not_blamed_on_a_ps_lost_meanwhile():
+    worker = Node("worker", 1, id=4, state=NodeState.FAILED)
+    plan = _plan(worker, _diagnosis(ExitReason.NODE_LOST), ps_losses={"ps-0": 990.0})
+    assert plan.failed and plan.cause == ""
+    killed = _plan(worker, _diagnosis(ExitReason.KILLED), ps_losses={"ps-0": 990.0})
+    assert killed.cause == "after ps-0 was lost"
+
+
 def test_plan_for_a_clean_end_relaunches_nothing():
     worker = Node("worker", 0, id=3, state=NodeState.SUCCEEDED, exit_code=0)
     plan = _plan(worker, _diagnosis(ExitReason.SUCCEEDED), ps_losses={"ps-0": 990.0})
