@@ -154,38 +154,15 @@ def write_slot(
         progress.finish(ok=True)
 
 
-def reserve_hole_free(path: str, size: int) -> shm.SlotFile:
-    """Map a written slot file after reserving its remaining holes (slack, metadata room)."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise CapacityError(
-                f"{path}: no room in /dev/shm to reserve the rest of this slot "
-                f"({shm.fmt_bytes(shm.shm_free_bytes(os.path.dirname(path)))} free)"
-            ) from exc
-        raise
-    os.close(fd)
-    # a save may be waiting for this mapping: populate it on every core
-    file = shm.SlotFile.open(path, writable=True, threads=os.cpu_count() or 1)
-    if file is None:
-        raise CapacityError(f"{path}: the slot file vanished while it was being reserved")
-    return file
-
-
 class SlotReservation:
     """Reserves and maps every slot of a rank in a background thread, the written slot first;
     a save may copy into a slot already mapped, and pauses the rest meanwhile."""
 
-    def __init__(
-        self, paths: list[str], size: int, written: int, progress: WriteProgress | None = None
-    ) -> None:
+    def __init__(self, paths: list[str], size: int, written: int, progress: WriteProgress) -> None:
         self.paths = paths
         self.size = size
         self.written = written  # the slot the first save writes (its pages partly exist)
-        self.progress = progress  # that save's writes, when it is still writing
+        self.progress = progress  # that save's writes
         self._mapped: dict[int, shm.SlotFile] = {}
         self._files: list[shm.SlotFile] | None = None
         self._error: BaseException | None = None
@@ -200,10 +177,8 @@ class SlotReservation:
         order = [self.written] + [i for i in range(len(self.paths)) if i != self.written]
         try:
             for i in order:
-                if i == self.written and self.progress is not None:
+                if i == self.written:
                     file = map_behind(self.paths[i], self.size, self.progress)
-                elif i == self.written:
-                    file = reserve_hole_free(self.paths[i], self.size)
                 else:
                     file = shm.SlotFile.create(self.paths[i], self.size, gate=self._may_touch)
                 self._mapped[i] = file

@@ -63,6 +63,7 @@ def map_behind(path: str, size: int, progress: WriteProgress) -> shm.SlotFile:
         done = 0
         while True:
             start = done // shm.PAGE_BYTES * shm.PAGE_BYTES
+            end = min(end, size)
             if end > done and not shm.populate(mm, start, end - start):
                 raise _NoPopulate
             done = end
@@ -71,10 +72,11 @@ def map_behind(path: str, size: int, progress: WriteProgress) -> shm.SlotFile:
             end, state = progress.wait_beyond(done)
         if state == FAILED:
             raise CheckpointError(f"{path}: the first save failed; nothing to map")
-        tail = done // shm.PAGE_BYTES * shm.PAGE_BYTES
-        _reserve_tail(fd, path, tail, size)
-        if not shm.populate(mm, tail, size - tail):
-            raise _NoPopulate
+        tail = min(done, size) // shm.PAGE_BYTES * shm.PAGE_BYTES
+        if tail < size:
+            _reserve_tail(fd, path, tail, size)
+            if not shm.populate(mm, tail, size - tail):
+                raise _NoPopulate
     except _NoPopulate:  # a kernel before 5.14: map it populated once it is written
         mm.close()
         _, state = progress.wait_beyond(size)
@@ -101,8 +103,6 @@ class _NoPopulate(Exception):
 
 def _reserve_tail(fd: int, path: str, start: int, size: int) -> None:
     """Reserve the slot's pages past what the save wrote (slack, metadata room)."""
-    if size <= start:
-        return
     try:
         os.posix_fallocate(fd, start, size - start)
     except OSError as exc:

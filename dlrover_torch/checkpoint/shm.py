@@ -124,9 +124,8 @@ class SlotFile:
         return cls(path, fd, mm, size)
 
     @classmethod
-    def open(cls, path: str, writable: bool = False, threads: int = 1) -> SlotFile | None:
-        """Map an existing slot file (populating it with ``threads`` threads); None when it
-        does not exist or is empty."""
+    def open(cls, path: str, writable: bool = False) -> SlotFile | None:
+        """Map an existing slot file; None when it does not exist or is empty."""
         try:
             fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
@@ -136,7 +135,7 @@ class SlotFile:
             os.close(fd)
             return None
         try:
-            mm = _map_populated(fd, size, writable, threads)
+            mm = _map_populated(fd, size, writable)
         except BaseException:
             os.close(fd)
             raise
@@ -196,42 +195,10 @@ class SlotFile:
         os.close(self.fd)
 
 
-def _map_populated(fd: int, size: int, writable: bool, threads: int = 1) -> mmap.mmap:
-    """Map ``fd`` with every page present (no faults during a save); a writable mapping of
-    existing pages is populated by ``threads`` threads at once (page tables, not copies)."""
+def _map_populated(fd: int, size: int, writable: bool) -> mmap.mmap:
+    """Map ``fd`` with every page present (no faults during a save)."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-    if threads > 1 and writable:
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
-        try:
-            _populate_in_parallel(mm, size, threads)
-            return mm
-        except OSError:  # no MADV_POPULATE_WRITE before Linux 5.14
-            mm.close()
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
-
-
-def _populate_in_parallel(mm: mmap.mmap, size: int, threads: int) -> None:
-    """Fault in every page of ``mm`` for writing, one page-aligned range per thread."""
-    chunk = page_align(-(-size // threads))
-    errors: list[OSError] = []
-
-    def run(start: int) -> None:
-        try:
-            if not populate(mm, start, min(chunk, size - start)):
-                errors.append(OSError(errno.EINVAL, "MADV_POPULATE_WRITE not supported"))
-        except OSError as exc:
-            errors.append(exc)
-
-    workers = [
-        threading.Thread(target=run, args=(start,), name="ckpt-populate", daemon=True)
-        for start in range(0, size, chunk)
-    ]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
 
 
 def populate(mm: mmap.mmap, start: int, length: int) -> bool:

@@ -11,6 +11,7 @@ import torch
 from dlrover_torch.checkpoint import layout, shm
 from dlrover_torch.checkpoint.errors import CapacityError
 from dlrover_torch.checkpoint.first_save import SlotReservation, write_slot
+from dlrover_torch.checkpoint.map_behind import WriteProgress
 from dlrover_torch.checkpoint.memory import MemoryStore
 from tests.unit.ckpt_helpers import (
     assert_same,
@@ -107,7 +108,10 @@ def test_reservation_maps_every_slot_at_the_size_given(store):
     first_save(s, {"x": torch.ones(1000)}, 1)
     assert not s.ensure_needed(4000, 10)  # its own reservation is done and taken over
     size = os.path.getsize(s.paths[0])
-    files = SlotReservation(s.paths, size, written=0).result()
+    written = WriteProgress()
+    written.advance(size)
+    written.finish(ok=True)  # slot 0 exists, written in full
+    files = SlotReservation(s.paths, size, written=0, progress=written).result()
     try:
         assert [f.size for f in files] == [size] * 3
         assert files[0].header().step == 1 and files[1].header() is None

@@ -155,20 +155,3 @@ def test_no_rewrite_over_a_slot_being_persisted_or_read_or_too_small(store, held
     copy = store().latest()
     assert copy.header.step == 1  # none of the refusals touched the committed copy
     assert_same(state, store().read(copy))
-
-
-@pytest.mark.parametrize("advice", [shm.MADV_POPULATE_WRITE, 999])  # 999: a kernel without it
-def test_a_slot_opened_by_several_threads_has_every_page_present(tmp_path, monkeypatch, advice):
-    monkeypatch.setattr(shm, "MADV_POPULATE_WRITE", advice)
-    path = os.path.join(shm.SHM_DIR, f"dlrover-fc-test-threads-{os.getpid()}")
-    size = (24 << 20) + 3 * 4096  # uneven ranges per thread
-    try:
-        shm.SlotFile.create(path, size).close()
-        slot = shm.SlotFile.open(path, writable=True, threads=3)
-        try:
-            assert slot is not None and _rss_kib(path) == size // 1024
-            slot.mm[size - 1 : size] = b"x"  # writable to its last byte
-        finally:
-            slot.close()
-    finally:
-        shm.unlink_quietly(path)
