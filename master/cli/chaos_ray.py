@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from master.config import NODE_TYPES, JobSpec
+from master.platform.ray.actor_end import MIN_NODE_CPU
 from master.platform.ray.node_removal import HEAD_RESOURCE
-from master.platform.ray.platform import MIN_NODE_CPU
 
 
 @dataclass(frozen=True)

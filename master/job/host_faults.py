@@ -7,15 +7,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
 from master.job.events import Emit
 from master.platform.api import HostRemoval, PlatformError
 
 if TYPE_CHECKING:
-    from master.job.faults import Fault
     from master.nodes.model import Node
     from master.platform.api import Platform
+
+
+class Fault(Protocol):
+    """What a removal needs of its fault (a `master.job.faults.Fault`, which imports this)."""
+
+    signal: int
+    action: Enum
+
+    def describe(self) -> str: ...
+
 
 # The `fault` event reason of a fault that was due and tried but did not take (the host did not
 # go). Not counted as fired. One the platform refuses (a host the job cannot go on without) is

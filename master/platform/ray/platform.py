@@ -24,6 +24,7 @@ from master.platform.api import (
     Platform,
     PlatformError,
 )
+from master.platform.ray.actor_end import MIN_NODE_CPU, actor_failure_event, says_node_died
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
 from master.platform.ray.node_actor import NodeActor, node_actor_name
@@ -33,8 +34,6 @@ from master.platform.ray.raylet_probe import raylet_answers
 
 log = logging.getLogger(__name__)
 
-# A node that asks for no CPU still takes a sliver of one, so many fit on a small cluster.
-MIN_NODE_CPU = 0.01
 MIB = 1024 * 1024
 # One ray.wait blocks this long before the watcher picks up newly launched nodes.
 WATCH_TICK_SECONDS = 0.2
@@ -499,33 +498,11 @@ class RayPlatform(Platform):
             )
         except Exception as e:  # a dead actor (RayError), or Ray itself gone
             text = " ".join(str(e).split())
-            lowered = text.lower()
-            if "its node has died" in lowered or "node is dead" in lowered:
+            if says_node_died(text):
                 return self._lost(run, f"its Ray node died: {text[:600]}")
             if type(e).__name__ == "ActorUnschedulableError" and not self._alive(run):
                 return self._lost(run, f"its Ray node is gone: {text[:600]}")
-            if type(e).__name__ == "ActorUnschedulableError":
-                asked = f"{spec.cpu if spec.cpu > 0 else MIN_NODE_CPU:g} CPU" + (
-                    f", {spec.memory_mb} MB memory" if spec.memory_mb > 0 else ""
-                )
-                what = (
-                    f"cannot run on Ray node {run.node.ip}, which is gone or has less than the "
-                    f"{asked} it asks for"
-                )
-            elif isinstance(e, self._RayActorError):
-                what = "its Ray actor died"
-            else:
-                what = f"its Ray actor failed ({type(e).__name__})"
-            message = f"{_name(spec)} id={spec.id}: {what}: {text[:600]}"
-            return NodeEvent(
-                spec.type,
-                spec.rank,
-                spec.id,
-                exit_code=-signal.SIGKILL,
-                oom_killed="low on memory" in lowered or "memory pressure" in lowered,
-                message=message,
-                details={"ray_error": type(e).__name__},
-            )
+            return actor_failure_event(spec, run.node.ip, e, isinstance(e, self._RayActorError))
 
     def _held_event(self, run: _Running) -> NodeEvent:
         """The end of a node held while its raylet did not answer: lost if its Ray node is
