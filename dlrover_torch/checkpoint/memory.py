@@ -296,7 +296,7 @@ class MemoryStore:
         the reservation is settled); None when a reader holds it."""
         slot = self._slots[index]
         if slot is None or slot.file is not file:
-            self._slots[index] = slot = _Slot(file)
+            self._slots[index] = _Slot(file)
         if not file.try_lock(exclusive=True):
             return None
         seq = self.write(index, layout, tensors, meta, step)
