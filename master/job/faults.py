@@ -251,6 +251,7 @@ class FaultInjector:
         self._save = save  # writes the runtime record (which holds `fired`)
         self.fired: list[int] = []  # indices into the faults given at submit
         self._waiting: dict[int, float] = {}  # target a due fault waits on -> since when
+        self._said_waiting: set[tuple[str, int]] = set()  # (why, node id) said once
         self._kept_datasets: set[str] = set()  # datasets whose shards are kept for it
         self._hosts = HostRemovals(platform, emit)  # hosts being removed (REMOVE_NODE)
 
@@ -281,6 +282,8 @@ class FaultInjector:
                 continue  # one fault per incarnation: this one waits for the next
             if fault.node_type != MASTER and node and self._before_first_step(fault, node):
                 waiting_on = waiting_on or node
+                continue
+            if fault.node_type != MASTER and node and self._before_running(fault, node):
                 continue
             # Recorded before it acts, so a restarted master never fires it again.
             self.fired.append(i)
@@ -404,6 +407,22 @@ class FaultInjector:
                 "fault_waiting",
                 f"fault injection: {fault.describe()} is due; waiting for {target.name}'s "
                 "first step (it has not trained yet; the others wait for it)",
+                target,
+            )
+        return True
+
+    def _before_running(self, fault: Fault, target: Node) -> bool:
+        """Whether the due `fault` waits for its target to run: an incarnation starting, or one
+        that failed or was stopped and is being relaunched (said once). One that succeeded
+        will not come back: the fault is skipped."""
+        if target.state == NodeState.RUNNING or target.state == NodeState.SUCCEEDED:
+            return False
+        if ("run", target.id) not in self._said_waiting:
+            self._said_waiting.add(("run", target.id))
+            self._emit(
+                "fault_waiting",
+                f"fault injection: {fault.describe()} is due; waiting for {target.name} to "
+                f"run ({target.state.value} now)",
                 target,
             )
         return True

@@ -198,13 +198,16 @@ class RecoveryTracker:
         self.mark(RecoveryPhase.CHIEF_RESTORED, restored_step=step)
 
     def on_step(self, step: int) -> None:
-        """A step was reported: the first one after the restore ends the open timeline."""
+        """A step was reported: the first one after the restore (and, for a PS failure, after
+        the replacement PS started) ends the open timeline."""
         with self._lock:
             t = self._timeline
             if t is not None and t.kind == JOB_START and step > 0:
                 t.stepped = True
             if t is None or t.restored_step is None or step <= t.restored_step:
                 return
+            if t.kind == PS_FAILURE and "ps_started" not in t.phases:
+                return  # a step before the replacement PS exists resumed nothing
             t.mark(RecoveryPhase.FIRST_STEP)
             self._timeline = None
         summary = t.summary()

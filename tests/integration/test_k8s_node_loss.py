@@ -322,6 +322,18 @@ def ends_by_rank(summary: dict) -> dict[tuple[str, int], list[str]]:
     return out
 
 
+def explain(job: K8sJob, summary: dict, name: str) -> str:
+    """For a failed check on `name`'s ends: each incarnation's end and the master's lines on
+    it."""
+    ends = [
+        f"{n['type']}-{n['rank']} id={n['id']} {n['exit_reason']}: {n.get('diagnosis', '')} "
+        f"{n.get('excerpt', '')!r}"
+        for n in summary["nodes"]
+    ]
+    said = [ln for ln in job.log_path.read_text(errors="replace").splitlines() if name in ln]
+    return "\n".join(ends + said[-40:])
+
+
 def lose_worker_and_check(job: K8sJob, deleted: bool) -> tuple[dict, dict]:
     """Lose worker-1's node; its process comes back while the job runs and is refused as an
     old incarnation (nothing it trains then counts: check_end). Its end, its new pod."""
@@ -391,9 +403,10 @@ def test_the_lost_nodes_of_ps_0_and_of_a_worker_end_as_on_ray(start_job, ps_dele
 
     summary = check_end(job)
     ends = ends_by_rank(summary)
-    assert ends[("ps", 0)] == ["node_lost", "stopped"], summary["nodes"]
-    assert ends[("worker", 0)] == ["succeeded"], summary["nodes"]  # never restarted
-    assert ends[("worker", 1)] == ["node_lost", "succeeded"], summary["nodes"]
+    assert ends[("ps", 0)] == ["node_lost", "stopped"], explain(job, summary, "ps-0")
+    # worker-0 was never restarted.
+    assert ends[("worker", 0)] == ["succeeded"], explain(job, summary, "worker-0")
+    assert ends[("worker", 1)] == ["node_lost", "succeeded"], explain(job, summary, "worker-1")
     # Each relaunch used the job's relaunch budget, as a lost Ray node's does.
     relaunches = [e["details"] for e in job.events() if e["kind"] == "relaunch"]
     assert [(r["previous_id"], r["job_relaunches"]) for r in relaunches] == [

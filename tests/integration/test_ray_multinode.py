@@ -34,8 +34,10 @@ MARKER = "DLROVER_RAY_MULTINODE_MARKER"
 SHARD = 64  # records per shard of the job that loses a worker's Ray node
 SLEEPER = "print('node', 'ready', flush=True); import time; time.sleep(120)"
 # Ray marks a SIGKILLed raylet's node dead after its health checks miss; the node's end is
-# reported at that moment. Generous for a loaded 2-core machine.
-DETECTION_BOUND_SECONDS = HEALTH_CHECK_PERIOD_MS * HEALTH_CHECK_FAILURES / 1000 + 8
+# reported at that moment (about 2 s on a quiet machine; the benchmark's host_loss row measures
+# it). The bound only shows the loss came from Ray and not from the heartbeat timeout (600 s in
+# these jobs): a loaded 2-core CI machine took 17.5 s once.
+DETECTION_BOUND_SECONDS = HEALTH_CHECK_PERIOD_MS * HEALTH_CHECK_FAILURES / 1000 + 30
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +197,8 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     assert "NodeLost" in failed["message"] or failed["reason"] == "node_lost", failed
     detected = failed["time"] - removed
     print(f"Ray node of worker-1 removed: its end seen by the master after {detected:.2f} s")
-    assert detected < DETECTION_BOUND_SECONDS, detected
+    said = [ln for ln in out.splitlines() if "worker-1" in ln or "Ray node" in ln]
+    assert detected < DETECTION_BOUND_SECONDS, (detected, removed, said[-30:])
     relaunched = next(
         e for e in events if e["kind"] == "node_running" and _is(e, "worker", 1)
         and e["time"] > failed["time"]

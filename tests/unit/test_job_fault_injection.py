@@ -279,6 +279,41 @@ def test_a_kill_that_reaches_no_process_is_skipped_not_fired(tmp_path):
     m.sharding.close()
 
 
+def test_a_kill_due_while_its_target_is_relaunched_waits_for_the_relaunch(tmp_path):
+    """A loaded machine: the trigger comes while the target's last incarnation failed and the
+    next is not running yet. The fault waits for it (said once), not skipped; a target that
+    succeeded never comes back, so its fault is skipped."""
+    from master.nodes.model import NodeState
+
+    w1 = _trainer("worker", 1, 2, steps=5)
+    w1.state = NodeState.FAILED
+    m = _fault_master(tmp_path, [w1], parse_fault("worker:1@step=10"))
+    m.global_step = 25
+    m.tick()
+    m.tick()
+    assert m.platform.signals == [] and m.injector.fired == []
+    assert [k for k, _ in m.events] == ["fault_waiting"], m.events
+    assert "waiting for worker-1 to run (failed now)" in m.events[0][1]
+    starting = _trainer("worker", 1, 3, steps=5)  # its relaunch, restored from a checkpoint
+    starting.state = NodeState.PENDING
+    m.injector._nodes.nodes = [starting]
+    m.tick()
+    assert m.platform.signals == [] and m.injector.fired == []
+    starting.state = NodeState.RUNNING
+    m.tick()
+    assert m.platform.signals == [(3, signal.SIGKILL)] and m.injector.fired == [0]
+    m.sharding.close()
+
+    done = _trainer("worker", 1, 4, steps=5)
+    done.state = NodeState.SUCCEEDED
+    m = _fault_master(tmp_path / "b", [done], parse_fault("worker:1@step=10"))
+    m.global_step = 25
+    m.tick()
+    assert m.platform.signals == [] and m.injector.fired == [0]
+    assert m.events[-1][1].endswith("node not running, skipped"), m.events
+    m.sharding.close()
+
+
 def test_a_torch_agent_counts_as_trained_by_the_global_step_of_its_heartbeats():
     """dlrover-run reports its workers' global step in heartbeats, no steps of its own: a step
     fault waits for a relaunched agent's first reported step, as for a shard reader."""

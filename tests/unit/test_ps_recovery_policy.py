@@ -38,6 +38,7 @@ from master.job.ps_standby import (
 from master.job.recovery_timeline import (
     JOB_START,
     PS_FAILURE,
+    RecoveryPhase,
     RecoveryTimeline,
     RecoveryTracker,
     format_timeline,
@@ -141,9 +142,26 @@ def test_a_job_start_without_a_restore_report_ends_its_recovery_at_the_first_ste
     job.tracker.open(PS_FAILURE, "ps-0")
     job.tracker.on_step(40)
     assert job.tracker.recovering()
+    job.tracker.mark(RecoveryPhase.PS_STARTED)
     job.tracker.on_restore(30)
     job.tracker.on_step(31)
     assert not job.tracker.recovering()
+
+
+def test_a_step_before_the_replacement_ps_started_resumes_nothing():
+    """A loaded master: a trainer's step report (one that needs no PS, or in flight) lands
+    while the new PS's launch is still under way: the timeline waits for the PS, so it never
+    says training resumed before a PS existed."""
+    job = _Job()
+    t0 = time.time()
+    job.tracker.open(PS_FAILURE, "ps-0", started=t0)
+    job.tracker.mark(RecoveryPhase.DETECTED, t0, restored_step=0)  # rolled back, no restore
+    job.tracker.on_step(1)
+    assert job.events == [] and job.tracker.recovering()
+    job.tracker.mark(RecoveryPhase.PS_STARTED)
+    job.tracker.on_step(2)
+    (event,) = job.events
+    assert list(event[2]["phases"]) == ["detected", "ps_started", "first_step"]
 
 
 def test_a_stale_timeline_is_dropped():
