@@ -43,6 +43,7 @@ from master.client import (
     checkpoint_request_key,
     pause_key,
 )
+from master.client.env import ENV_TF_CONFIG_DIRECT
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ class ChiefSessionGate:
         self.master = master
         self._kv = KVClient(master)
         self._timeout = timeout
-        self._ps_set = ps_set or ps_set_of(os.environ.get("TF_CONFIG", ""))
+        # The PS addresses the master gave, not this node's forwarders to them (on Ray).
+        direct = os.environ.get(ENV_TF_CONFIG_DIRECT) or os.environ.get("TF_CONFIG", "")
+        self._ps_set = ps_set or ps_set_of(direct)
         self._seen = -1  # the chief generation this worker's current session was made after
 
     def report_restored(self, global_step: object) -> bool:

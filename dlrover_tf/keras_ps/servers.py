@@ -13,6 +13,7 @@ import time
 from typing import Any, NoReturn
 
 from master.client import ENV_MASTER_ADDR, KVClient, MasterClient, MasterError
+from master.client.env import ENV_TF_CONFIG_DIRECT
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ def connect(env: dict[str, str] | None = None) -> Any:
             f"TF_CONFIG task type {task_type!r}: TF2 PS training runs its program on the "
             "'chief' (the coordinator); give the evaluator group 0 replicas"
         )
+    direct = (env if env is not None else os.environ).get(ENV_TF_CONFIG_DIRECT)
+    if direct:  # the coordinator hands its cluster to every task: the tasks' own addresses
+        cluster, _, _ = tf_config({"TF_CONFIG": direct})
     import tensorflow as tf
 
     workers = dict(enumerate(cluster.get("worker", [])))

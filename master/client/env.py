@@ -17,6 +17,9 @@ ENV_JOB_TOKEN_FILE = "DLROVER_JOB_TOKEN_FILE"
 # Set by a platform that reads a dead trainer's position files back (master.client.position):
 # the trainer's progress stream may then coalesce its reports.
 ENV_POSITION_FILE = "DLROVER_POSITION_FILE"
+# Set where a node's TF_CONFIG gives its peers at forwarders (master.platform.peer_forward):
+# the TF_CONFIG as the master made it, with every task at its own address.
+ENV_TF_CONFIG_DIRECT = "DLROVER_TF_CONFIG_DIRECT"
 # How long a node's calls wait for an unreachable master before they fail. A restarted master
 # is back in seconds on an idle machine, but a platform's restart (a Ray actor, a rescheduled
 # pod) on a loaded cluster has taken a minute; a node that gave up would be relaunched.

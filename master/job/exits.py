@@ -232,8 +232,13 @@ class ExitHandler:
         the peers that dial them restart with the new TF_CONFIG (master.job.moves), without
         using a relaunch. For a moved PS the chief and workers restore the latest checkpoint;
         for a moved chief or worker every PS restarts, as in a PS failure."""
-        plan = plan_move_restarts(moved, self._nodes.all_current(), self._training_done())
+        following = self._lifecycle.readdress(moved)
+        plan = plan_move_restarts(
+            moved, self._nodes.all_current(), self._training_done(), following
+        )
         what = ", ".join(f"{t}-{r}" for t, r in moved)
+        if following:
+            log.info("%s moved: %d node(s) reach it there in place", what, len(following))
         for node in plan.trainers:
             node.coordinator_restart = True
         for node in plan.ps:

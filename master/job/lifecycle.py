@@ -75,6 +75,11 @@ class NodeLifecycle:
         (type, rank)s that moved (the TF cluster spec changed)."""
         return self._cluster.refresh_running()
 
+    def readdress(self, moved: list[tuple[str, int]]) -> set[int]:
+        """The running nodes that reach the `moved` ranks at their new addresses in place
+        (their platform forwards to peers); the others need a restart to reach them."""
+        return self._platform.readdress({k: self._cluster.address(*k) for k in moved})
+
     def adopt(self, node: Node) -> None:
         """Take over a node a previous master instance started (it keeps running)."""
         self._platform.adopt(self.adoption_spec(node), node.platform_handle)

@@ -25,14 +25,21 @@ class MoveRestarts:
 
 
 def plan_move_restarts(
-    moved: Collection[tuple[str, int]], running: Iterable[Node], training_done: bool
+    moved: Collection[tuple[str, int]],
+    running: Iterable[Node],
+    training_done: bool,
+    following: Collection[int] = (),
 ) -> MoveRestarts:
     """The restarts `moved` (type, rank)s call for among the `running` current nodes. None
-    once training is done; none already restarting; a job without PS (torch) has none."""
+    once training is done; none already restarting; none of the nodes `following` the moved
+    ranks in place (ids: their platform forwards to peers); a job without PS (torch) has
+    none."""
     if training_done:
         return MoveRestarts()
     names = {f"{t}-{r}" for t, r in moved}
-    stay = [n for n in running if not n.state.ended and n.name not in names]
+    stay = [
+        n for n in running if not n.state.ended and n.name not in names and n.id not in following
+    ]
     trainers = tuple(
         n
         for n in stay

@@ -118,6 +118,11 @@ class Platform(abc.ABC):
         before it is promoted (nothing to do where it binds that address itself)."""
         return None
 
+    def readdress(self, addresses: Mapping[tuple[str, int], str]) -> set[int]:
+        """Ranks moved to these addresses (their host was lost): the running nodes that now
+        reach them there without a restart (none where nodes dial their peers directly)."""
+        return set()
+
     def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
         """Whether running node `standby_id` (a standby) can serve (type, rank)'s address
         (on a cluster: whether it runs where that address is)."""

@@ -162,20 +162,16 @@ def test_tf_job_loses_the_ray_node_of_ps_0_and_no_record(tmp_path, cluster):
     _check_records(ids, records, events, removed, phases["detected"])
 
 
-# Out of the default run (`--stress` runs it): in one CI run of 2026-11-29 the moved worker-1
-# trained 0 steps after its move (every other check passed): the job may end before the
-# relaunched worker-1 has loaded TF on a loaded machine, or the move may not always work.
-@pytest.mark.stress
 def test_tf_job_loses_the_ray_node_of_a_worker_which_trains_again_after_its_move(tmp_path, cluster):
     """The Ray node of worker-1 alone removed: worker-1 comes back on another Ray node at a
-    new address; ps-0, which pulls worker-1's tensors by the address in its own cluster spec,
-    restarts with the new spec (a PS failure, no relaunch budget used), and worker-1 trains
-    again."""
+    new address. ps-0 pulls worker-1's tensors by the address in its own cluster spec, which
+    is its forwarder on its Ray node (master.platform.peer_forward): pointed at the new
+    address, so ps-0 goes on without a restart, nothing rolls back, and worker-1 trains again."""
     cluster.top_up(4)
-    # 1,500 steps (60 to 75 a second here), a checkpoint every 100: the relaunched worker-1
-    # has loaded TensorFlow, built its graph and has a session about 16 s after its launch
-    # here (with both cores busy), and about 10 s of steps are left then.
-    records = 4 * RECORDS
+    # 3,000 steps (60 to 75 a second here), a checkpoint every 100: the relaunched worker-1
+    # has loaded TensorFlow, built its graph and has a session 10 to 25 s after its launch
+    # (both cores busy), with at least 15 s of steps left then.
+    records = 8 * RECORDS
     report, summary, events, run_dir, ids = _run_chaos(
         tmp_path, cluster, records, ("worker:1@10%:node",)
     )
@@ -186,14 +182,13 @@ def test_tf_job_loses_the_ray_node_of_a_worker_which_trains_again_after_its_move
     assert w1[0]["exit_reason"] == "node_lost" and len(w1) == 2, w1
     removal = _removal(cluster, events, run_dir, f"worker-1.{w1[0]['id']}.log")
     removed = removal["raylet_killed_at"]
-    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
-    assert ps[0]["exit_reason"] == "killed" and len(ps) == 2, ps  # its Ray node stayed
-    restart = next(e for e in events if e["kind"] == "relaunch" and e["node_type"] == "ps")
-    assert restart["reason"] == "peer_moved", restart
-    assert "after worker-1 moved (no budget used)" in restart["message"], restart
-    assert "job_relaunches" not in restart["details"], restart
+    # ps-0, the chief and worker-0 ran on: one incarnation each, no data rolled back.
+    others = [n for n in summary["nodes"] if (n["type"], n["rank"]) != ("worker", 1)]
+    assert [n["exit_reason"] for n in others if n["type"] != "ps"] == ["succeeded"] * 2, others
+    assert [n["exit_reason"] for n in others if n["type"] == "ps"] == ["stopped"], others
+    assert not [e for e in events if e["kind"] in ("rollback", "recovery") and e["time"] > removed]
     budget = [e["details"].get("job_relaunches") for e in events if e["kind"] == "relaunch"]
-    assert [b for b in budget if b is not None] == [1], budget  # worker-1's relaunch only
+    assert budget == [1], budget  # worker-1's relaunch only
     # worker-1's new incarnation trains: steps that ended after the move.
     steps = sorted(ids.glob("trained.worker.1.*.ids.steps"))
     assert len(steps) == 2, steps

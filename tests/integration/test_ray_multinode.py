@@ -13,6 +13,7 @@ import time
 import pytest
 
 from master.platform.api import NODE_LOST, NodeLaunchSpec, node_lost
+from master.platform.peer_forward import ENV_PEER_FORWARD
 from master.platform.ray.platform import RayPlatform
 from tests.integration.ray_cluster import (
     HEALTH_CHECK_FAILURES,
@@ -150,11 +151,14 @@ def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
     assert sorted(platform.running_ids()) == [*survivors, new_ps.id, new_standby.id]
 
 
-def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
+@pytest.mark.parametrize("forward", [True, False], ids=["forwarders", "direct"])
+def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path, forward):
     """`dlrover submit --platform ray` on the cluster: the Ray node running worker-1 goes
     mid-job. Ray tells the master (long before the heartbeat timeout), worker-1 is relaunched
-    on a Ray node left at a new address, ps-0 (which dials it) restarts with the new cluster
-    spec as a PS failure without using the relaunch budget, and every record is trained."""
+    on a Ray node left at a new address, and every record is trained. ps-0 dials worker-1: by
+    default through its forwarder, pointed at the new address, so it runs on; with forwarders
+    off (DLROVER_PEER_FORWARD=0) it restarts with the new cluster spec as a PS failure,
+    without using the relaunch budget."""
     import json
 
     cluster.top_up(3)
@@ -165,7 +169,11 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
         tmp_path,
         # Small shards: those the trainers hold when the data goes back are trained on (their
         # reports then refused as stale), as a program that reports no restores does.
-        env={"FAKE_STEP_SECONDS": str(step), "FAKE_RECORDS_PER_SHARD": str(SHARD)},
+        env={
+            "FAKE_STEP_SECONDS": str(step),
+            "FAKE_RECORDS_PER_SHARD": str(SHARD),
+            **({} if forward else {ENV_PEER_FORWARD: "0"}),
+        },
         heartbeat_timeout_seconds=600,
         ps={"replicas": 1, "command": fake},
     )
@@ -207,9 +215,23 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     assert len(logs) == 2, logs
     new_log = next(f for f in logs if f.endswith(f".{relaunched['node_id']}.log"))
     assert cluster.node_of_log(new_log) in cluster.alive()
-    # worker-1's new address is in the cluster spec of ps-0's new incarnation, not its first.
     w1_address = relaunched["message"].rsplit(" at ", 1)[1]
     ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    counts = trained_counts(tmp_path)
+    assert counts.min() >= 2  # no record lost
+    extra = int((counts - 2).sum())
+    if forward:
+        # ps-0 ran on, worker-1 at its forwarder (on ps-0's Ray node) in its cluster spec.
+        assert [n["exit_reason"] for n in ps] == ["stopped"], ps
+        spec = _ps_cluster(run_dir / "logs" / f"ps-0.{ps[0]['id']}.log")
+        assert spec["worker"][1] not in (w1_address, _first_address(events, "worker", 1)), spec
+        assert not [e for e in events if e["kind"] in ("rollback", "relaunch") and _is(e, "ps", 0)]
+        # Trained again at most: the shards the 2 trainers held (a shard and the next one
+        # asked for each), what the lost node's position file held and the batch in flight.
+        print(f"records trained again: {extra}")
+        assert extra <= 2 * 2 * SHARD + 16 * (int(1.5 / step) + 2), extra
+        return
+    # worker-1's new address is in the cluster spec of ps-0's new incarnation, not its first.
     assert [n["exit_reason"] for n in ps[:1]] == ["killed"] and len(ps) == 2, ps
     ps_logs = [run_dir / "logs" / f"ps-0.{n['id']}.log" for n in ps]
     # The placement spreads the 3 nodes over the 3 Ray nodes: ps-0 stayed where it was.
@@ -224,17 +246,20 @@ def test_a_job_loses_the_ray_node_of_a_worker_and_no_record(cluster, tmp_path):
     budget = [e["details"]["job_relaunches"] for e in events if e["kind"] == "relaunch"
               and "job_relaunches" in e["details"]]  # fmt: skip
     assert budget == [1], budget
-    counts = trained_counts(tmp_path)
-    assert counts.min() >= 2  # no record lost
     # Trained again at most: what the rollback to the last checkpoint redoes (the PS lost its
     # variables; this job writes none, so back to the start), the shards the 2 trainers held
     # then (a shard and the next one asked for each), what the lost node's position file held
     # (its coalesced reports, about a second of steps) and the batch in flight.
     redo = sum(e["details"].get("records_to_redo", 0) for e in events if e["kind"] == "rollback")
     assert redo > 0, [e["kind"] for e in events]
-    extra = int((counts - 2).sum())
     print(f"records trained again: {extra}, of which the rollback redoes {redo}")
     assert extra <= redo + 2 * 2 * SHARD + 16 * (int(1.5 / step) + 2), (extra, redo)
+
+
+def _first_address(events: list[dict], node_type: str, rank: int) -> str:
+    """The address (type, rank)'s first incarnation was launched at."""
+    first = next(e for e in events if e["kind"] == "node_running" and _is(e, node_type, rank))
+    return first["message"].rsplit(" at ", 1)[1]
 
 
 def _ps_cluster(log_path) -> dict:

@@ -126,6 +126,20 @@ def test_ranks_lost_together_are_not_restarted_their_own_end_relaunches_them():
     assert [n.name for n in plan.ps] == ["ps-1"] and plan.moved_trainers == "worker-1"
 
 
+def test_nodes_that_follow_the_moved_ranks_in_place_are_not_restarted():
+    """On Ray every node reaches its peers through forwarders: those that now reach the new
+    addresses go on; one that dials directly (a promoted standby PS) restarts as before."""
+    nodes = _running("ps-0", "ps-1", "chief-0", "worker-0", "worker-1")
+    ps0, ps1, chief, w0 = nodes[0], nodes[1], nodes[2], nodes[3]
+    plan = plan_move_restarts([("worker", 1)], nodes, False, following={ps0.id})
+    assert [n.name for n in plan.ps] == ["ps-1"] and plan.moved_trainers == "worker-1"
+    every = {n.id for n in nodes}
+    assert plan_move_restarts([("worker", 1)], nodes, False, every) == MoveRestarts()
+    plan = plan_move_restarts([("ps", 1)], nodes, False, following={chief.id, ps1.id})
+    assert [n.name for n in plan.trainers] == ["worker-0", "worker-1"]
+    assert w0 in plan.trainers
+
+
 def test_nothing_restarts_without_a_move_without_ps_or_once_training_is_done():
     nodes = _running("ps-0", "chief-0", "worker-0", "worker-1")
     assert plan_move_restarts([], nodes, training_done=False) == MoveRestarts()  # Kubernetes

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from master.client.env import ENV_POSITION_FILE
+from master.client.env import ENV_POSITION_FILE, ENV_TF_CONFIG_DIRECT
 from master.client.position import collect_positions, encode_positions
 from master.platform.api import NodeLaunchSpec
 from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
@@ -20,6 +20,7 @@ from master.platform.local import (
     read_tail,
     spawn_logged,
 )
+from master.platform.peer_forward import ENV_PEER_FORWARD, PeerForwarders
 from master.platform.proc_stats import process_groups_cpu_seconds
 
 
@@ -45,6 +46,11 @@ class NodeActor:
         read_fd, self._lifeline = os.pipe()
         # The node's trainers keep their data position there; read back when the node ends.
         env = {**ray_node_env(), **spec.env, ENV_POSITION_FILE: position_base_for(spec)}
+        # Its peers at forwarders on this Ray node: a peer that moves is followed (readdress).
+        self._peers = PeerForwarders()
+        if "TF_CONFIG" in env and env.get(ENV_PEER_FORWARD) != "0":
+            env[ENV_TF_CONFIG_DIRECT] = env["TF_CONFIG"]
+            env["TF_CONFIG"] = self._peers.forward(env["TF_CONFIG"])
         guard = [sys.executable, "-m", GUARD_MODULE, str(read_fd), "--"]
         try:
             self._proc = spawn_logged(
@@ -56,6 +62,7 @@ class NodeActor:
             )
         except OSError as e:
             self._error = f"cannot start {spec.type}-{spec.rank} id={spec.id}: {e}"
+            self._peers.close()
         finally:
             os.close(read_fd)
 
@@ -65,10 +72,16 @@ class NodeActor:
         if self._proc is None:
             return EXIT_CANNOT_RUN, self._error, ""
         code = self._proc.wait()
+        self._peers.close()
         # Anything the node left behind in its group goes with it.
         kill_process_group(self._proc.pid, signal.SIGKILL)
         tail = read_tail(self.spec.log_path) if code != 0 else ""
         return code, tail, encode_positions(collect_positions(position_base_for(self.spec)))
+
+    def readdress(self, addresses: dict[tuple[str, int], str]) -> bool:
+        """Peers moved to these addresses: this node reaches them there from now on (its
+        forwarders' connections are cut); False if it dials one of them directly."""
+        return self._peers.readdress(addresses)
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the node's process group used so far; None once it has ended."""

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from master.platform.api import (
     Platform,
     PlatformError,
 )
+from master.platform.ray.actor_calls import gather
 from master.platform.ray.actor_end import MIN_NODE_CPU, actor_failure_event, says_node_died
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
@@ -39,6 +40,8 @@ MIB = 1024 * 1024
 WATCH_TICK_SECONDS = 0.2
 # How long a signal to a node may wait for its actor (it may still be starting).
 SIGNAL_TIMEOUT_SECONDS = 10.0
+# How long the actors on live Ray nodes get to point their forwarders at moved ranks.
+READDRESS_TIMEOUT_SECONDS = 3.0
 # After SIGKILL, how long to wait for a process to be reaped before giving up on it.
 KILL_WAIT_SECONDS = 5.0
 # wait() occupies one actor thread for the node's lifetime; signal() needs another.
@@ -200,6 +203,14 @@ class RayPlatform(Platform):
             if node_id not in pending:
                 pending[node_id] = run.actor.cpu_seconds.remote()
         return {i: self._cpu_used[i] for i in runs if i in self._cpu_used}
+
+    def readdress(self, addresses: Mapping[tuple[str, int], str]) -> set[int]:
+        """Each running node actor points its forwarders to the moved ranks' new addresses."""
+        with self._lock:
+            alive = {n.node_id for n in self._placement.alive_nodes(refresh=True)}
+            runs = [r for r in self._running.values() if r.node.node_id in alive]
+        asked = {r.spec.id: r.actor.readdress.remote(dict(addresses)) for r in runs}
+        return {i for i, ok in gather(self._ray, asked, READDRESS_TIMEOUT_SECONDS).items() if ok}
 
     def read_positions(self, node_id: int) -> dict[str, list[tuple[int, int]]]:
         """The running node's position files, read by its actor on its Ray node."""
