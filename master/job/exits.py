@@ -127,8 +127,11 @@ class ExitHandler:
             return
         requeued = sum(self._sharding.retire(node.id).values())
         # Lost with its host: its rank, and every other the host held, go where the platform
-        # still has room (new addresses on a cluster of hosts), in the TF cluster from now on.
-        moved = self._lifecycle.relocate() if diagnosis.reason == ExitReason.NODE_LOST else []
+        # still has room (new addresses on a cluster of hosts), in the TF cluster from now on;
+        # a standby promoted on another host moves the rank there too (below).
+        addresses = self._lifecycle.addresses()
+        if diagnosis.reason == ExitReason.NODE_LOST:
+            self._lifecycle.relocate()
         if diagnosis.reason not in (ExitReason.SUCCEEDED, ExitReason.STOPPED):
             # Torch agents in a rendezvous round with it re-form without waiting for its lease.
             self._rendezvous.node_died((node.type, node.rank), node.id)
@@ -149,6 +152,7 @@ class ExitHandler:
             job_ended=self._job_ended(),
         )
         self._apply(plan, node, event, seen, requeued)
+        moved = self._lifecycle.moved_since(addresses)
         if moved and plan.relaunch is not None:
             self._restart_for_moves(moved)
 

@@ -75,6 +75,16 @@ class NodeLifecycle:
         (type, rank)s that moved (the TF cluster spec changed)."""
         return self._cluster.refresh_running()
 
+    def addresses(self) -> dict[tuple[str, int], str]:
+        """Every rank's address now (a copy), to see which ranks `moved_since` then."""
+        return self._cluster.addresses
+
+    def moved_since(self, before: dict[tuple[str, int], str]) -> list[tuple[str, int]]:
+        """The ranks whose address changed since `before` (a lost host, a standby elsewhere
+        promoted into the rank)."""
+        now = self._cluster.addresses
+        return sorted(k for k, a in now.items() if before.get(k, a) != a)
+
     def readdress(self, moved: list[tuple[str, int]]) -> set[int]:
         """The running nodes that reach the `moved` ranks at their new addresses in place
         (their platform forwards to peers); the others need a restart to reach them."""

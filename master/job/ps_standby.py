@@ -203,6 +203,7 @@ class StandbyKeeper:
             return None
         try:
             self._platform.take_over(s.id, node_type, rank)
+            self._cluster.refresh(node_type, rank)  # it may have moved to the standby's host
         except PlatformError as e:
             log.warning("the standby PS cannot take over %s-%d: %s", node_type, rank, e)
             self._retire(str(e))

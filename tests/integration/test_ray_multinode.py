@@ -55,14 +55,18 @@ def platform(cluster):
     p.shutdown(1.0)
 
 
-def _spec(tmp_path, node_type: str, rank: int, node_id: int) -> NodeLaunchSpec:
+def _spec(
+    tmp_path, node_type: str, rank: int, node_id: int, forward: bool = False
+) -> NodeLaunchSpec:
+    """A node that prints 'node ready' and sleeps; `forward`: as in a job whose nodes reach
+    their peers through forwarders (the default; then a standby runs apart from ps-0)."""
     name = f"{node_type}-{rank}" if rank >= 0 else f"{node_type}-standby"
     return NodeLaunchSpec(
         type=node_type,
         rank=rank,
         id=node_id,
         command=(sys.executable, "-c", SLEEPER),
-        env={MARKER: str(tmp_path)},
+        env={MARKER: str(tmp_path), **({} if forward else {ENV_PEER_FORWARD: "0"})},
         workdir=str(tmp_path),
         log_path=str(tmp_path / "logs" / f"{name}.{node_id}.log"),
     )
@@ -98,7 +102,7 @@ def _read(path: str) -> str:
 def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
     cluster, platform, tmp_path
 ):
-    # ps-0, its standby beside it, and two workers, spread over the three Ray nodes.
+    # ps-0, its standby beside it (forwarders off), and two workers, over the three Ray nodes.
     ps = _spec(tmp_path, "ps", 0, 1)
     w0, w1 = _spec(tmp_path, "worker", 0, 2), _spec(tmp_path, "worker", 1, 3)
     standby = _spec(tmp_path, "ps", -1, 4)
@@ -149,6 +153,35 @@ def test_a_lost_ray_node_ends_its_nodes_as_lost_and_they_move_to_the_nodes_left(
     assert platform.can_stand_in(new_standby.id, "ps", 0)
     survivors = sorted({w0.id, again.id} - set(on_it))
     assert sorted(platform.running_ids()) == [*survivors, new_ps.id, new_standby.id]
+
+
+def test_a_standby_apart_from_ps_0_outlives_its_ray_node_and_ps_0_moves_to_it(
+    cluster, platform, tmp_path
+):
+    """Forwarders on (the default): the standby runs on another Ray node than ps-0, so the
+    loss of ps-0's Ray node leaves it, and promoting it moves ps-0's rank to its Ray node."""
+    ps = _spec(tmp_path, "ps", 0, 1, forward=True)
+    standby = _spec(tmp_path, "ps", -1, 2, forward=True)
+    for spec in (ps, standby):
+        platform.launch(spec)
+        _ready(spec)
+    ps_node, standby_node = (cluster.node_of_log(s.log_path) for s in (ps, standby))
+    assert ps_node != standby_node
+    ps_address = platform.address_for("ps", 0)
+    cluster.remove(ps_node)
+    (event,) = _events(platform, 1, 30)
+    assert event.id == ps.id and node_lost(event), event
+    assert platform.address_for("ps", 0) != ps_address  # moved, as the master asks first
+    assert platform.can_stand_in(standby.id, "ps", 0)  # alive, wherever it runs
+    platform.take_over(standby.id, "ps", 0)
+    ip, _, port = platform.address_for("ps", 0).rpartition(":")
+    assert ip == "127.0.0.1" and int(port) > 0
+    assert platform.running_ids() == [standby.id]
+    # The slot is on the standby's Ray node now: a relaunch of ps-0 would go there.
+    relaunch = _spec(tmp_path, "ps", 0, 3, forward=True)
+    platform.launch(relaunch)
+    _ready(relaunch)
+    assert cluster.node_of_log(relaunch.log_path) == standby_node
 
 
 @pytest.mark.parametrize("forward", [True, False], ids=["forwarders", "direct"])

@@ -53,12 +53,31 @@ def test_a_standby_runs_on_the_ray_node_of_rank_0_where_it_can_take_its_address(
     ps0 = placement.slot("ps", 0, check_alive=False)
     placement.slot("worker", 0, check_alive=False)  # the other node now has fewer
     placement.slot("worker", 1, check_alive=False)
-    assert placement.standby_node("ps") == ps0.node
+    assert placement.standby_node("ps", apart=False) == ps0.node
     ray.dead.add(ps0.node.node_id)
     placement.alive_nodes(refresh=True)
-    assert placement.standby_node("ps").node_id != ps0.node.node_id  # where a new rank goes
+    # Where a new rank goes.
+    assert placement.standby_node("ps", apart=False).node_id != ps0.node.node_id
 
 
 def test_without_a_rank_0_a_standby_goes_where_a_new_rank_would():
     placement = _placement(FakeRay({"a": ("10.0.0.1", 1), "b": ("10.0.0.2", 8)}))
-    assert placement.standby_node("ps").node_id == "b"
+    assert placement.standby_node("ps", apart=False).node_id == "b"
+
+
+def test_apart_a_standby_runs_off_the_ray_node_of_rank_0_and_the_rank_can_move_to_it():
+    """Peers that follow a moved rank (forwarders): the standby goes where a lost Ray node
+    does not take it with ps-0 (alone on one Ray node: beside it), and ps-0 moves to it at a
+    fresh port when it is promoted."""
+    ray = FakeRay({"a": ("10.0.0.1", 4), "b": ("10.0.0.2", 4), "c": ("10.0.0.3", 4)})
+    placement = _placement(ray)
+    ps0 = placement.slot("ps", 0, check_alive=False)
+    placement.slot("worker", 0, check_alive=False)
+    standby = placement.standby_node("ps", apart=True)
+    assert standby.node_id not in (ps0.node.node_id, placement.get("worker", 0).node.node_id)
+    moved = placement.move_to("ps", 0, standby)
+    assert placement.get("ps", 0) == moved and moved.node == standby
+    assert moved.address != ps0.address
+    alone = _placement(FakeRay({"a": ("10.0.0.1", 4)}))
+    only = alone.slot("ps", 0, check_alive=False).node
+    assert alone.standby_node("ps", apart=True) == only

@@ -1,4 +1,4 @@
-"""Calls to many node actors at once, answered within a deadline."""
+"""Calls to many node actors at once: answered within a deadline, or polled."""
 
 from __future__ import annotations
 
@@ -24,3 +24,37 @@ def gather(ray: Any, refs: dict[int, Any], timeout: float) -> dict[int, Any]:
         except Exception as e:  # a dead actor, or one of an older master without the method
             log.info("node id=%d did not answer: %s", node_id, e)
     return answers
+
+
+class CpuSecondsPoll:
+    """CPU seconds of running nodes, asked of their actors without ever blocking: each poll
+    collects the answers to the previous poll's requests and asks again, so the figures are
+    one poll old."""
+
+    def __init__(self, ray: Any) -> None:
+        self._ray = ray
+        self._pending: dict[int, Any] = {}  # node id -> the ref of its unanswered request
+        self._used: dict[int, float] = {}
+
+    def poll(self, actors: dict[int, Any]) -> dict[int, float]:
+        """The latest figure of each node of `actors` (node id -> its actor) that has one."""
+        pending = self._pending
+        if pending:
+            ready, _ = self._ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
+            answered = set(ready)
+            for node_id, ref in list(pending.items()):
+                if ref not in answered:
+                    continue
+                del pending[node_id]
+                try:
+                    seconds = self._ray.get(ref, timeout=0)
+                except Exception:  # a dead actor, or one of an older master without the method
+                    seconds = None
+                if seconds is not None:
+                    self._used[node_id] = float(seconds)
+        for node_id in set(self._used) - set(actors):
+            del self._used[node_id]
+        for node_id, actor in actors.items():
+            if node_id not in pending:
+                pending[node_id] = actor.cpu_seconds.remote()
+        return {i: self._used[i] for i in actors if i in self._used}

@@ -86,12 +86,20 @@ class NodePlacement:
             self._slots[key] = slot
         return slot
 
-    def standby_node(self, node_type: str) -> RayNode:
-        """Where a standby of `node_type` runs: on the Ray node of the type's rank 0 (a standby
-        can only take over an address on its own node), else where a new rank would go."""
-        # Rank 0 of a lost Ray node moves now (its relaunch goes there too), and the standby
-        # goes beside it.
-        return self.slot(node_type, 0, check_alive=True).node
+    def standby_node(self, node_type: str, apart: bool) -> RayNode:
+        """Where a standby of `node_type` runs: beside the type's rank 0 (it takes over that
+        address), or `apart` from it where a rank can move to the standby's node (its peers
+        follow it there), so a lost Ray node does not take both."""
+        # Rank 0 of a lost Ray node moves now (its relaunch goes there too).
+        rank0 = self.slot(node_type, 0, check_alive=True).node
+        others = [n for n in self._nodes_with_cpu() if n.node_id != rank0.node_id]
+        return self._least_pinned(others) if apart and others else rank0
+
+    def move_to(self, node_type: str, rank: int, node: RayNode) -> Slot:
+        """Pin (type, rank) to `node` at a fresh port there (its address changes)."""
+        slot = Slot(node, self._allocate_port(node))
+        self._slots[(node_type, rank)] = slot
+        return slot
 
     def restore(self, addresses: dict[tuple[str, int], str]) -> None:
         """Pin each (type, rank) to the Ray node and port of its `ip:port` address."""
@@ -125,13 +133,20 @@ class NodePlacement:
             self._nodes_at = now
         return self._nodes
 
+    def _nodes_with_cpu(self) -> list[RayNode]:
+        return [n for n in self.alive_nodes(refresh=True) if n.cpu > 0]
+
+    def _least_pinned(self, nodes: list[RayNode]) -> RayNode:
+        """The node of `nodes` with the fewest pinned ranks per CPU."""
+        pinned = Counter(s.node.node_id for s in self._slots.values())
+        return min(nodes, key=lambda n: (pinned[n.node_id] / n.cpu, -n.cpu))
+
     def _choose_node(self) -> RayNode:
         """The alive Ray node with the fewest pinned nodes per CPU (spreads over the cluster)."""
-        nodes = [n for n in self.alive_nodes(refresh=True) if n.cpu > 0]
+        nodes = self._nodes_with_cpu()
         if not nodes:
             raise PlatformError("the Ray cluster has no alive node with CPUs")
-        pinned = Counter(s.node.node_id for s in self._slots.values())
-        node = min(nodes, key=lambda n: (pinned[n.node_id] / n.cpu, -n.cpu))
+        node = self._least_pinned(nodes)
         if node.node_id != self._my_node and is_loopback(self.host) and not self._warned_host:
             self._warned_host = True
             log.warning(

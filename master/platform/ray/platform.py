@@ -24,7 +24,8 @@ from master.platform.api import (
     Platform,
     PlatformError,
 )
-from master.platform.ray.actor_calls import gather
+from master.platform.peer_forward import ENV_PEER_FORWARD
+from master.platform.ray.actor_calls import CpuSecondsPoll, gather
 from master.platform.ray.actor_end import MIN_NODE_CPU, actor_failure_event, says_node_died
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
@@ -80,7 +81,8 @@ class RayPlatform(Platform):
     multi-host cluster it must not be loopback.
     """
 
-    # A standby PS is an actor of the PS group's resources on the Ray node of ps-0.
+    # A standby PS is an actor of the PS group's resources on a Ray node apart from ps-0's
+    # (beside it with forwarders off: it then takes over ps-0's address).
     runs_ps_standby = True
 
     def __init__(self, host: str = "127.0.0.1", address: str = "", namespace: str = "") -> None:
@@ -126,8 +128,8 @@ class RayPlatform(Platform):
         self._lock = threading.Lock()  # guards _running and _placement
         self._running: dict[int, _Running] = {}
         # cpu_seconds: requests still unanswered, and the last figure of each running node
-        self._cpu_pending: dict[int, Any] = {}
-        self._cpu_used: dict[int, float] = {}
+        self._cpu = CpuSecondsPoll(self._ray)
+        self._forwarding = True  # the job's nodes reach their peers through forwarders
         self._closed = False
         self._wake = threading.Event()
         self._stop_watch = threading.Event()
@@ -146,8 +148,10 @@ class RayPlatform(Platform):
         if self._closed:
             raise RuntimeError("the Ray platform is shut down")
         with self._lock:
-            if spec.rank < 0:  # a standby: beside the rank it most likely replaces
-                node = self._placement.standby_node(spec.type)
+            # Job-wide: whether peers reach each other through forwarders (see readdress).
+            self._forwarding = spec.env.get(ENV_PEER_FORWARD) != "0"
+            if spec.rank < 0:  # a standby: beside or apart from the rank it likely replaces
+                node = self._placement.standby_node(spec.type, apart=self._forwarding)
             else:
                 node = self._placement.slot(spec.type, spec.rank, check_alive=False).node
         options: dict[str, Any] = {
@@ -177,32 +181,11 @@ class RayPlatform(Platform):
         )
 
     def cpu_seconds(self, node_ids: Collection[int]) -> dict[int, float]:
-        """CPU seconds of each node's process group, measured by its actor on its Ray node.
-        Never blocks the caller: each call collects the answers to the previous one's requests
-        and asks again, so the figures are one call old."""
-        ray = self._ray
+        """CPU seconds of each node's process group, measured by its actor on its Ray node
+        (one call old: see CpuSecondsPoll)."""
         with self._lock:
-            runs = {i: r for i in node_ids if (r := self._running.get(i)) is not None}
-        pending = self._cpu_pending
-        if pending:
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
-            answered = set(ready)
-            for node_id, ref in list(pending.items()):
-                if ref not in answered:
-                    continue
-                del pending[node_id]
-                try:
-                    seconds = ray.get(ref, timeout=0)
-                except Exception:  # a dead actor, or one of an older master without the method
-                    seconds = None
-                if seconds is not None:
-                    self._cpu_used[node_id] = float(seconds)
-        for node_id in set(self._cpu_used) - set(runs):
-            del self._cpu_used[node_id]
-        for node_id, run in runs.items():
-            if node_id not in pending:
-                pending[node_id] = run.actor.cpu_seconds.remote()
-        return {i: self._cpu_used[i] for i in runs if i in self._cpu_used}
+            actors = {i: r.actor for i in node_ids if (r := self._running.get(i)) is not None}
+        return self._cpu.poll(actors)
 
     def readdress(self, addresses: Mapping[tuple[str, int], str]) -> set[int]:
         """Each running node actor points its forwarders to the moved ranks' new addresses."""
@@ -225,10 +208,23 @@ class RayPlatform(Platform):
             return {}
 
     def can_stand_in(self, standby_id: int, node_type: str, rank: int) -> bool:
+        """Beside the rank's slot; anywhere alive where peers follow a rank that moves."""
         with self._lock:
             run = self._running.get(standby_id)
             slot = self._placement.get(node_type, rank)
-        return run is not None and slot is not None and run.node.node_id == slot.node.node_id
+            if run is None or slot is None:
+                return False
+            if self._forwarding:
+                return self._placement.is_alive(run.node.node_id)
+        return run.node.node_id == slot.node.node_id
+
+    def take_over(self, standby_id: int, node_type: str, rank: int) -> None:
+        """The rank moves to the standby's Ray node (a fresh port there) if it is elsewhere."""
+        with self._lock:
+            run = self._running.get(standby_id)
+            slot = self._placement.get(node_type, rank)
+            if run is not None and slot is not None and run.node.node_id != slot.node.node_id:
+                self._placement.move_to(node_type, rank, run.node)
 
     def signal_node(self, node_id: int, sig: int = signal.SIGKILL) -> bool:
         with self._lock:
