@@ -382,6 +382,9 @@ def main() -> int:
     p.add_argument("--memory-mb", type=int, default=2048, help="the migrated PS's memory")
     p.add_argument("--json-only", action="store_true")
     p.add_argument("--only-migration", action="store_true", help="skip the PS failure runs")
+    p.add_argument(
+        "--only-host-loss", action="store_true", help="only the Ray host-loss run (no ratios)"
+    )
     p.add_argument("--no-standby", action="store_true", help="no standby PS in any run")
     p.add_argument(
         "--checkpoint-overhead",
@@ -412,6 +415,18 @@ def main() -> int:
         if args.keep
         else tempfile.TemporaryDirectory(prefix="bench-ps-") as workdir
     ):
+        if args.only_host_loss:
+            short = write_job(
+                workdir, args.failure_records, standby, "host_loss-base.yaml",
+                args.checkpoint_overhead,
+            )  # fmt: skip
+            r = host_loss_run(
+                sys.modules[__name__], short, workdir, args.kill_step, args.failure_records,
+                EPOCHS, standby, args.ray_nodes,
+            )  # fmt: skip
+            print(format_timeline(r["timeline"]))
+            print(json.dumps({"benchmark": "ps_recovery", "host_loss": r}))
+            return 0
         job_yaml = write_job(workdir, args.records, standby)
         migration = migration_run(job_yaml, workdir, args.kill_step, args.memory_mb)
         if args.only_migration:

@@ -156,6 +156,7 @@ class PeerForwarders:
 
     def __init__(self) -> None:
         self._by_rank: dict[Rank, Forwarder] = {}
+        self._own_type = ""
 
     def forward(self, tf_config: str) -> str:
         """Start a forwarder per peer on this node's host; the `TF_CONFIG` that uses them
@@ -163,6 +164,7 @@ class PeerForwarders:
         host, peers = peer_addresses(tf_config)
         if not host:
             return tf_config
+        self._own_type = str(json.loads(tf_config)["task"]["type"])
         try:
             for rank, address in peers.items():
                 self._by_rank[rank] = Forwarder(host, address)
@@ -174,12 +176,15 @@ class PeerForwarders:
 
     def readdress(self, addresses: Mapping[Rank, str]) -> bool:
         """Point the forwarders of these ranks at their new addresses; whether this node
-        forwards to every one of them (else it still dials an old address)."""
+        forwards to every one of them it dials (else it still dials an old address)."""
         for rank, address in addresses.items():
             forwarder = self._by_rank.get(rank)
             if forwarder is not None and forwarder.target != address:
                 forwarder.retarget(address)
-        return all(rank in self._by_rank for rank in addresses)
+        if not self._own_type:
+            return False  # forwards nothing: dials every peer directly
+        dialed = [r for r in addresses if dials(self._own_type, r[0])]
+        return all(rank in self._by_rank for rank in dialed)
 
     def close(self) -> None:
         for forwarder in self._by_rank.values():

@@ -153,8 +153,10 @@ def test_peer_forwarders_rewrite_the_config_and_are_readdressed():
             if reply == b"ps0-moved:b" or time.monotonic() > deadline:
                 break
         assert reply == b"ps0-moved:b"
-        # A rank it does not dial (another worker) cannot be followed: it says so.
-        assert not peers.readdress({("worker", 1): "127.0.0.1:2"})
+        # A rank it does not dial (another worker) is no reason to restart it...
+        assert peers.readdress({("worker", 1): "127.0.0.1:2", ("ps", 0): moved.address})
+        # ...but one it dials directly is (a node whose config forwards nothing).
+        assert not PeerForwarders().readdress({("ps", 0): moved.address})
     finally:
         peers.close()
         ps0.close()

@@ -81,3 +81,19 @@ def test_apart_a_standby_runs_off_the_ray_node_of_rank_0_and_the_rank_can_move_t
     alone = _placement(FakeRay({"a": ("10.0.0.1", 4)}))
     only = alone.slot("ps", 0, check_alive=False).node
     assert alone.standby_node("ps", apart=True) == only
+
+
+def test_a_port_is_asked_of_what_runs_on_the_ray_node_before_a_task_is_scheduled_there():
+    """A rank moved to a Ray node where node actors run: one of them names a free port (an
+    actor call, where a task might wait for a Ray worker to start)."""
+    placement = _placement(FakeRay({"a": ("10.0.0.1", 4), "b": ("10.0.0.2", 4)}))
+    asked = []
+
+    def from_actors(node):
+        asked.append(node.node_id)
+        return 31000 if node.node_id == "b" else None
+
+    placement.port_from_actors = from_actors
+    slots = [placement.slot("ps", 0, check_alive=False), placement.slot("ps", 1, False)]
+    by_node = {s.node.node_id: s.port for s in slots}
+    assert by_node == {"b": 31000, "a": 40000} and sorted(asked) == ["a", "b"]

@@ -8,6 +8,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+# A node actor asked for a free port on its Ray node answers within this, or another is asked.
+PORT_TIMEOUT_SECONDS = 2.0
+
+
+def free_port_from_actors(ray: Any, actors: list[Any], ip: str) -> int | None:
+    """A port free on the Ray node of `actors` (node actors running there), from the first
+    that answers; None when none does (a task must then be scheduled there)."""
+    for actor in actors:
+        try:
+            return int(ray.get(actor.free_port.remote(ip), timeout=PORT_TIMEOUT_SECONDS))
+        except Exception as e:  # ended, unreachable, or of an older master without the method
+            log.info("no free port from a node actor on %s: %s", ip, e)
+    return None
+
+
 def gather(ray: Any, refs: dict[int, Any], timeout: float) -> dict[int, Any]:
     """The answer to each call by node id; calls that failed or did not answer in `timeout`
     seconds (a dead actor, one on a lost Ray node) are left out."""

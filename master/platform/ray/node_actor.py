@@ -15,6 +15,7 @@ from master.client.position import collect_positions, encode_positions
 from master.platform.api import NodeLaunchSpec
 from master.platform.lifeline_guard import EXIT_CANNOT_RUN, GUARD_MODULE
 from master.platform.local import (
+    free_port,
     kill_process_group,
     position_base_for,
     read_tail,
@@ -82,6 +83,10 @@ class NodeActor:
         """Peers moved to these addresses: this node reaches them there from now on (its
         forwarders' connections are cut); False if it dials one of them directly."""
         return self._peers.readdress(addresses)
+
+    def free_port(self, ip: str) -> int:
+        """A port free on this Ray node now (for a rank the master places here)."""
+        return free_port(ip)
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the node's process group used so far; None once it has ended."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,8 @@ class NodePlacement:
         self._nodes: list[RayNode] = []
         self._nodes_at = -1e9
         self._warned_host = False
+        # A free port on a Ray node asked of what already runs there (None: nothing does).
+        self.port_from_actors: Callable[[RayNode], int | None] = lambda node: None
 
     def get(self, node_type: str, rank: int) -> Slot | None:
         """The slot the (type, rank) has now, if any; nothing is allocated."""
@@ -163,6 +166,8 @@ class NodePlacement:
         while True:
             if node.node_id == self._my_node:
                 port = free_port(node.ip)
+            elif (found := self.port_from_actors(node)) is not None:
+                port = found
             else:
                 task = self._port_task.options(
                     scheduling_strategy=self._affinity(node.node_id, False)

@@ -25,7 +25,7 @@ from master.platform.api import (
     PlatformError,
 )
 from master.platform.peer_forward import ENV_PEER_FORWARD
-from master.platform.ray.actor_calls import CpuSecondsPoll, gather
+from master.platform.ray.actor_calls import CpuSecondsPoll, free_port_from_actors, gather
 from master.platform.ray.actor_end import MIN_NODE_CPU, actor_failure_event, says_node_died
 from master.platform.ray.connect import import_ray, is_loopback, join_cluster, start_local_cluster
 from master.platform.ray.job_anchor import ANCHOR_NAME
@@ -115,6 +115,10 @@ class RayPlatform(Platform):
         self._actor_class = ray.remote(NodeActor)
         self._my_node = ray.get_runtime_context().get_node_id()
         self._placement = NodePlacement(ray, host, self._my_node, NodeAffinitySchedulingStrategy)
+        # Called with the lock held: a port asked of a node actor there is faster than a task.
+        self._placement.port_from_actors = lambda node: free_port_from_actors(
+            ray, [r.actor for r in self._running.values() if r.node == node], node.ip
+        )
         self._anchor: Any = None
         if namespace:
             try:
