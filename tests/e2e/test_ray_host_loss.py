@@ -1,8 +1,8 @@
-"""The TF example on a multi-node Ray cluster loses a Ray node, removed by `dlrover chaos`: the
-one holding ps-0 (and its standby), with a freeze and a kill mixed in (ps-0 comes back on a Ray
-node left, the trainers restart with the new cluster spec), or the one holding worker-1 (it
-comes back elsewhere, ps-0 restarts with its new address, and it trains again). Ray tells the
-master, the job succeeds, and no record is lost."""
+"""The TF example on a multi-node Ray cluster loses a Ray node: the one holding ps-0 (removed by
+`dlrover chaos`, with a freeze and a kill mixed in: the standby on another Ray node takes its
+place, the trainers follow it through their forwarders), the one holding worker-1 (it comes
+back elsewhere, ps-0 follows it and it trains again), or the one holding the standby PS (the
+job goes on). Ray tells the master, the job succeeds, and no record is lost."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -205,3 +206,63 @@ def test_tf_job_loses_the_ray_node_of_a_worker_which_trains_again_after_its_move
         and e["node_rank"] == 1
     ) - removed  # fmt: skip
     _check_records(ids, records, events, removed, detected)
+
+
+def _wait_event(run_dir, proc: subprocess.Popen, what: str, match, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = next((e for e in _events(run_dir) if match(e)), None)
+        if found is not None:
+            return found
+        assert proc.poll() is None, f"the job ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+def test_tf_job_loses_the_ray_node_of_its_standby_ps_and_goes_on(tmp_path, cluster):
+    """The standby PS runs on another Ray node than ps-0; that Ray node removed (with whatever
+    else ran there) once the standby is ready: its end is said, ps-0 runs on, the job succeeds
+    and no record is lost."""
+    cluster.top_up(4)
+    records = 8 * RECORDS
+    ids = write_job(tmp_path, records=records, args=_checkpoint_every(100))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
+    cmd += ["--platform", "ray", "--ray-address", cluster.address, "--run-dir", str(run_dir)]
+    cmd += ["--summary-json", str(tmp_path / "s.json")]
+    with open(tmp_path / "submit.log", "w+") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+        try:
+            ready = _wait_event(
+                run_dir, proc, "a ready standby", lambda e: e["kind"] == "ps_standby"
+                and e["reason"] == "ready",
+            )  # fmt: skip
+            standby = ready["details"]["id"]
+            node = cluster.node_of_log(str(run_dir / "logs" / f"ps-standby.{standby}.log"))
+            assert node != cluster.node_of_log(str(run_dir / "logs" / "ps-0.1.log"))
+            cluster.remove(node)
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=60)
+        log.seek(0)
+        out = log.read()[-6000:]
+    assert proc.returncode == 0, out
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
+    ps = [n for n in summary["nodes"] if n["type"] == "ps"]
+    assert [n["exit_reason"] for n in ps] == ["stopped"], ps  # ps-0 ran on, never replaced
+    events = _events(run_dir)
+    lost = [
+        e for e in events if e["kind"] == "ps_standby" and f"(id {standby}) ended" in e["message"]
+    ]
+    assert lost, [e["message"] for e in events if e["kind"] == "ps_standby"]
+    counts = np.bincount(
+        np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids.glob("trained.*.ids")]),
+        minlength=records,
+    )
+    assert counts.min() == EPOCHS, int((counts < EPOCHS).sum())
