@@ -8,11 +8,9 @@ example to its end, loses ps-0 one way at a global step, and counts what it cost
   runs on a multi-node Ray cluster (`remove_host` given by the caller).
 
 Every run logs the ids each trainer trained (`--log-trained-ids`), so `records_missing` (a
-record trained fewer than `epochs` times) is counted, not inferred, and when each step ended:
-recovery is charged from the failure to the end of the first step any trainer finished after
-it (`recovery_seconds`; `recovery_seconds_by_reports` is when the master's coalesced reports
-showed the data moving forward again, up to a second later). Detection is charged from the
-failure to the master's `detected` phase.
+record trained fewer than `epochs` times) is counted, not inferred. Detection is charged from
+the failure to the master's `detected` phase; recovery to the first step that moves the data
+forward again.
 """
 
 from __future__ import annotations
@@ -34,20 +32,6 @@ def trained_counts(ids_prefix: str, records: int) -> np.ndarray:
         return np.zeros(records, dtype=np.int64)
     ids = np.concatenate([np.fromfile(f, dtype=np.int64) for f in files])
     return np.bincount(ids, minlength=records)
-
-
-def first_step_after(ids_prefix: str, t: float) -> float | None:
-    """When the first step any trainer finished after wall time `t` ended, from every
-    trainer's `.steps` log (global step, records, end in microseconds): training resumed
-    then, whatever the master's coalesced reports said later. None: no step after `t`."""
-    ends = [
-        rows[:, 2] / 1e6
-        for f in glob.glob(f"{ids_prefix}.*.ids.steps")
-        if (rows := np.fromfile(f, dtype="<i8").reshape(-1, 3)).size
-    ]
-    after = np.concatenate(ends) if ends else np.zeros(0)
-    after = after[after > t]
-    return float(after.min()) if after.size else None
 
 
 def with_trained_ids(job_yaml: str, ids_prefix: str, name: str) -> str:
@@ -101,16 +85,14 @@ def failure_run(
             os.kill(pid, signal.SIGSTOP)
         else:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
-    reported = bench._watch_resume(job, done_before)
+    resumed = bench._watch_resume(job, done_before)
     summary = job.finish()
-    resumed = first_step_after(ids_prefix, failed_at) or reported
     timeline = bench._timeline(summary, "ps_failure")
     counts = trained_counts(ids_prefix, records)
     restored = bench._restored_step(summary)
     return {
         "detected_seconds": detected_after(timeline, failed_at),
         "recovery_seconds": round((resumed or time.time()) - failed_at, 2),
-        "recovery_seconds_by_reports": round((reported or time.time()) - failed_at, 2),
         "global_step_at_failure": step_at_failure,
         "restored_from_step": restored,
         "steps_lost": max(0, step_at_failure - restored),

@@ -54,13 +54,7 @@ import yaml
 from common import ROOT, cpu_seconds, use_checkout
 
 use_checkout()
-from ps_failures import (  # noqa: E402
-    detected_after,
-    failure_run,
-    first_step_after,
-    host_loss_run,
-    with_trained_ids,
-)
+from ps_failures import detected_after, failure_run, host_loss_run  # noqa: E402
 
 from master.client import MasterClient, MasterError, read_token  # noqa: E402
 from master.job.recovery_timeline import PHASE_LABELS  # noqa: E402
@@ -263,9 +257,7 @@ def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> d
     standby is ready if that is later: a standby is ready long before a failure in a job
     that runs for hours, but not necessarily 800 steps into this one."""
     run_dir = os.path.join(workdir, "elastic")
-    ids_prefix = os.path.join(workdir, "elastic-ids", "trained")
-    os.makedirs(os.path.dirname(ids_prefix))
-    job = Job(with_trained_ids(job_yaml, ids_prefix, "elastic.yaml"), run_dir)
+    job = Job(job_yaml, run_dir)
     _, _, _, rate = job.rate_until(kill_step)
     cost = None
     if standby:
@@ -275,16 +267,14 @@ def elastic_run(job_yaml: str, workdir: str, kill_step: int, standby: bool) -> d
     pid = _find_process(run_dir, "dlrover_tf.ps")
     killed = time.time()
     os.killpg(os.getpgid(pid), signal.SIGKILL)
-    reported = _watch_resume(job, done_before)
+    resumed = _watch_resume(job, done_before)
     summary = job.finish(stop=True)
-    resumed = first_step_after(ids_prefix, killed) or reported
     ckpt = _restored_step(summary)
     # Steps lost are counted as for the full restart (the step the master had seen minus the
     # checkpoint's); the records the rollback sent back (every step taken) are shown too.
     redo = _records_rolled_back(summary)
     return {
         "recovery_seconds": round((resumed or time.time()) - killed, 2),
-        "recovery_seconds_by_reports": round((reported or time.time()) - killed, 2),
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
         "records_to_train_again": redo,
@@ -331,9 +321,6 @@ def baseline_run(job_yaml: str, workdir: str, kill_step: int, detection: float) 
     """The job (with no standby PS: a manual restart has none) killed whole, then restarted;
     charged `detection` seconds for noticing the failure (the elastic run's, measured)."""
     first_dir = os.path.join(workdir, "baseline-1")
-    ids_prefix = os.path.join(workdir, "baseline-ids", "trained")
-    os.makedirs(os.path.dirname(ids_prefix))
-    job_yaml = with_trained_ids(job_yaml, ids_prefix, "baseline.yaml")
     job = Job(job_yaml, first_dir)
     _, step_at_kill, _, rate = job.rate_until(kill_step)
     t_fail = time.time()
@@ -348,7 +335,7 @@ def baseline_run(job_yaml: str, workdir: str, kill_step: int, detection: float) 
     while True:
         s = restart.status()
         if s and s[1] > 0:
-            reported = time.time()
+            resumed = time.time()
             break
         time.sleep(POLL_SECONDS)
     # The timeline closes at the first step the chief's restore report is followed by.
@@ -368,11 +355,8 @@ def baseline_run(job_yaml: str, workdir: str, kill_step: int, detection: float) 
             p: round(t + shift, 3) for p, t in timeline["phases"].items()
         }
         timeline["seconds"] = round(timeline["seconds"] + shift, 3)
-    # Measured as the elastic run's: the end of the first step after the failure.
-    resumed = first_step_after(ids_prefix, t_fail) or reported
     return {
         "recovery_seconds": round(resumed - t_fail + detection, 2),
-        "recovery_seconds_by_reports": round(reported - t_fail + detection, 2),
         "detection_charged_seconds": detection,
         "global_step_at_failure": step_at_kill,
         "restored_from_step": ckpt,
