@@ -265,4 +265,6 @@ def test_tf_job_loses_the_ray_node_of_its_standby_ps_and_goes_on(tmp_path, clust
         np.concatenate([np.fromfile(f, dtype=np.int64) for f in ids.glob("trained.*.ids")]),
         minlength=records,
     )
-    assert counts.min() == EPOCHS, int((counts < EPOCHS).sum())
+    # None lost. (A chief lost beside the standby comes back and reloads the latest checkpoint,
+    # and the data goes back with it: those records are trained again, by design.)
+    assert counts.min() >= EPOCHS, int((counts < EPOCHS).sum())
