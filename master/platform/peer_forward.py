@@ -89,24 +89,25 @@ class Forwarder:
                 _close(upstream)
                 return
             self._live.update((client, upstream))
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        _pump(client, upstream)
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+        self._pump(client, upstream)
 
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy `src` to `dst` until either ends, then end both."""
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    try:
-        while True:
-            n = src.recv_into(buf)
-            if not n:
-                break
-            dst.sendall(view[:n])
-    except OSError:
-        pass
-    _close(src)
-    _close(dst)
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        """Copy `src` to `dst` until either ends, then end both."""
+        buf = bytearray(CHUNK_BYTES)
+        view = memoryview(buf)
+        try:
+            while True:
+                n = src.recv_into(buf)
+                if not n:
+                    break
+                dst.sendall(view[:n])
+        except OSError:
+            pass
+        with self._lock:
+            self._live -= {src, dst}
+        _close(src)
+        _close(dst)
 
 
 def _close(s: socket.socket) -> None:
