@@ -261,8 +261,7 @@ def test_the_echo_job_training_20s_survives_a_worker_killed_half_way(tmp_path):
     done = [e for e in out if e["event"] == "done"]
     assert sorted(e["rank"] for e in done) == [0, 1] and {e["world"] for e in done} == {2}, out
     barriers = [e for e in out if e["event"] == "barrier"]
-    # killed while training: the first group of two met, the survivor went on alone, then the
-    # relaunched worker rejoined it in a new group of two
-    assert [e["world"] for e in barriers[:2]] == [2, 2], out
-    assert any(e["world"] == 1 for e in barriers[2:]), out
+    # The survivor went on alone, then the relaunched worker rejoined it in a new group of two.
+    # (The kill is timed: on a loaded machine it can land before the first group of two met.)
+    assert any(e["world"] == 1 for e in barriers), out
     assert barriers[0]["env"]["MASTER_PORT"] != done[0]["port"], out
