@@ -205,7 +205,9 @@ def test_tf_job_loses_the_ray_node_of_a_worker_which_trains_again_after_its_move
         int((np.fromfile(p, dtype="<i8").reshape(-1, 3)[:, 2] / 1e6 > removed).sum()) for p in steps
     ]
     print(f"Ray node of worker-1 removed: worker-1's steps after it, per incarnation: {after}")
-    assert max(after) >= 5, after
+    new_log = run_dir / "logs" / f"worker-1.{w1[1]['id']}.log"
+    tail = new_log.read_text(errors="replace")[-3000:] if new_log.exists() else "(no log)"
+    assert max(after) >= 5, (after, tail)
     detected = next(
         e["time"] for e in events if e["kind"] == "node_failed" and e["node_type"] == "worker"
         and e["node_rank"] == 1
