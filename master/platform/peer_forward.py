@@ -89,25 +89,30 @@ class Forwarder:
                 _close(upstream)
                 return
             self._live.update((client, upstream))
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-        self._pump(client, upstream)
+        ended = [0]  # directions done: both sockets close after the second
+        threading.Thread(target=self._pump, args=(upstream, client, ended), daemon=True).start()
+        self._pump(client, upstream, ended)
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        """Copy `src` to `dst` until either ends, then end both."""
+    def _pump(self, src: socket.socket, dst: socket.socket, ended: list[int]) -> None:
+        """Copy `src` to `dst` until `src` ends (passed on as a half-close) or either fails;
+        the connection closes once both directions are done, or at once on a failure."""
         buf = bytearray(CHUNK_BYTES)
         view = memoryview(buf)
+        clean = True
         try:
-            while True:
-                n = src.recv_into(buf)
-                if not n:
-                    break
+            while n := src.recv_into(buf):
                 dst.sendall(view[:n])
+            dst.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
+            clean = False
         with self._lock:
-            self._live -= {src, dst}
-        _close(src)
-        _close(dst)
+            ended[0] += 1
+            last = ended[0] >= 2 or not clean
+            if last:
+                self._live -= {src, dst}
+        if last:
+            _close(src)
+            _close(dst)
 
 
 def _close(s: socket.socket) -> None:

@@ -75,6 +75,30 @@ def test_a_forwarder_joins_connections_to_its_target_and_follows_a_move():
         new.close()
 
 
+def test_a_half_closed_connection_still_gets_its_reply():
+    """The client ends its side; the peer's answer to everything it sent still comes back."""
+
+    def count_then_reply(conn: socket.socket) -> None:
+        total = 0
+        while data := conn.recv(65536):
+            total += len(data)
+        conn.sendall(str(total).encode())
+        conn.close()
+
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: count_then_reply(server.accept()[0]), daemon=True).start()
+    forwarder = Forwarder("127.0.0.1", f"127.0.0.1:{server.getsockname()[1]}")
+    try:
+        c = connect(forwarder.address)
+        c.sendall(b"z" * 100_000)
+        c.shutdown(socket.SHUT_WR)
+        assert c.recv(64) == b"100000"
+        assert c.recv(64) == b""  # then the connection ends
+    finally:
+        forwarder.close()
+        server.close()
+
+
 def test_a_connection_to_a_peer_not_there_yet_is_closed_so_the_client_retries():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
