@@ -251,7 +251,7 @@ class FaultInjector:
         self._save = save  # writes the runtime record (which holds `fired`)
         self.fired: list[int] = []  # indices into the faults given at submit
         self._waiting: dict[int, float] = {}  # target a due fault waits on -> since when
-        self._said_waiting: set[tuple[str, int]] = set()  # (why, node id) said once
+        self._said_not_running: set[int] = set()  # incarnations a fault was said to wait on
         self._kept_datasets: set[str] = set()  # datasets whose shards are kept for it
         self._hosts = HostRemovals(platform, emit)  # hosts being removed (REMOVE_NODE)
 
@@ -415,10 +415,10 @@ class FaultInjector:
         """Whether the due `fault` waits for its target to run: an incarnation starting, or one
         that failed or was stopped and is being relaunched (said once). One that succeeded
         will not come back: the fault is skipped."""
-        if target.state == NodeState.RUNNING or target.state == NodeState.SUCCEEDED:
+        if target.state in (NodeState.RUNNING, NodeState.SUCCEEDED):
             return False
-        if ("run", target.id) not in self._said_waiting:
-            self._said_waiting.add(("run", target.id))
+        if target.id not in self._said_not_running:
+            self._said_not_running.add(target.id)
             self._emit(
                 "fault_waiting",
                 f"fault injection: {fault.describe()} is due; waiting for {target.name} to "

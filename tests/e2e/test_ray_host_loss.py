@@ -6,6 +6,7 @@ job goes on). Ray tells the master, the job succeeds, and no record is lost."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -39,6 +41,22 @@ def cluster():
     """A Ray node for each of the example's 4 nodes (the placement spreads them), and a spare."""
     with ray_cluster(worker_nodes=4, cpus_per_node=1) as c:
         yield c
+
+
+@contextlib.contextmanager
+def _job_process(cmd: list[str], log_path) -> Iterator[subprocess.Popen]:
+    """`cmd` run from the repo root, its output in `log_path`, in its own session: if it still
+    runs when the block ends (a timeout), the whole job (chaos, submit, master) is interrupted."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=60)
 
 
 def _events(run_dir) -> list[dict]:
@@ -76,20 +94,10 @@ def _run_chaos(tmp_path, cluster, records: int, chaos: tuple[str, ...]):
     cmd += ["--platform", "ray", "--ray-address", cluster.address, "--by", "records"]
     cmd += ["--out-dir", str(out_dir), "--report", str(tmp_path / "report.json")]
     cmd += [arg for kill in chaos for arg in ("--kill", kill)]
-    with open(tmp_path / "chaos.log", "w+") as log:
-        # Its own session: on a timeout the job (chaos, submit, master) is interrupted whole.
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-        )
-        try:
-            proc.wait(timeout=240)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-                proc.wait(timeout=60)
-        log.seek(0)
-        out = log.read()[-6000:]
-    assert proc.returncode == 0, out
+    log = tmp_path / "chaos.log"
+    with _job_process(cmd, log) as proc:
+        proc.wait(timeout=240)
+    assert proc.returncode == 0, log.read_text(errors="replace")[-6000:]
     report = json.loads((tmp_path / "report.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     return report, summary, _events(run_dir), run_dir, ids
@@ -240,27 +248,18 @@ def test_tf_job_loses_the_ray_node_of_its_standby_ps_and_goes_on(tmp_path, clust
     cmd = [sys.executable, "-m", "master.cli", "submit", str(tmp_path / "job.yaml")]
     cmd += ["--platform", "ray", "--ray-address", cluster.address, "--run-dir", str(run_dir)]
     cmd += ["--summary-json", str(tmp_path / "s.json")]
-    with open(tmp_path / "submit.log", "w+") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-        )
-        try:
-            ready = _wait_event(
-                run_dir, proc, "a ready standby", lambda e: e["kind"] == "ps_standby"
-                and e["reason"] == "ready",
-            )  # fmt: skip
-            standby = ready["details"]["id"]
-            node = cluster.node_of_log(str(run_dir / "logs" / f"ps-standby.{standby}.log"))
-            assert node != cluster.node_of_log(str(run_dir / "logs" / "ps-0.1.log"))
-            cluster.remove(node)
-            proc.wait(timeout=240)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-                proc.wait(timeout=60)
-        log.seek(0)
-        out = log.read()[-6000:]
-    assert proc.returncode == 0, out
+    log = tmp_path / "submit.log"
+    with _job_process(cmd, log) as proc:
+        ready = _wait_event(
+            run_dir, proc, "a ready standby", lambda e: e["kind"] == "ps_standby"
+            and e["reason"] == "ready",
+        )  # fmt: skip
+        standby = ready["details"]["id"]
+        node = cluster.node_of_log(str(run_dir / "logs" / f"ps-standby.{standby}.log"))
+        assert node != cluster.node_of_log(str(run_dir / "logs" / "ps-0.1.log"))
+        cluster.remove(node)
+        proc.wait(timeout=240)
+    assert proc.returncode == 0, log.read_text(errors="replace")[-6000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["status"] == "succeeded"
     assert summary["datasets"]["train"]["records_done"] == records * EPOCHS
